@@ -1,0 +1,178 @@
+"""Scaled dot-product attention, multi-head attention and the boolean mask helpers.
+
+Mask convention (the whole project): a boolean mask is True where attention is allowed,
+broadcastable to (batch, heads, q_len, k_len). A query row whose keys are all masked
+attends to nothing and yields zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from .config import TransformerConfig
+
+
+def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
+    """(batch, len) tokens -> (batch, 1, 1, len) key mask, True on real tokens."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def make_causal_mask(length: int) -> jax.Array:
+    """(1, 1, length, length) lower-triangular mask: query i may see keys 0..i."""
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+    """Logical AND of the given masks (None entries are skipped); None if none given."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    combined = present[0].astype(bool)
+    for mask in present[1:]:
+        combined = jnp.logical_and(combined, mask.astype(bool))
+    return combined
+
+
+def scaled_dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+    """softmax(q k^T / sqrt(d_k)) v, per head.
+
+    query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim),
+    mask broadcastable to (batch, heads, q_len, k_len), True = attend.
+    Returns output (batch, q_len, heads, head_dim) and weights (batch, heads, q_len, k_len).
+    The softmax runs in at least float32 even when the inputs are bfloat16.
+    """
+    head_dim = query.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(head_dim).astype(query.dtype)
+    softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
+    scores = scores.astype(softmax_dtype)
+    if mask is not None:
+        # finfo.min instead of -inf: a fully masked row stays finite, then is zeroed below.
+        scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    if mask is not None:
+        weights = jnp.where(mask, weights, 0.0)
+    weights = weights.astype(query.dtype)
+    attended = weights
+    if not deterministic and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        attended = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(weights.dtype)
+    output = jnp.einsum("bhqk,bkhd->bqhd", attended, value)
+    return output, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Linear maps for Q, K, V (named query, key, value), attention per head, output map `out`.
+
+    Self-attention when `inputs_kv` is None, cross-attention otherwise. The attention weights
+    are sown into the `intermediates` collection as `attention_weights` (free unless that
+    collection is mutable).
+
+    With `decode=True` it keeps a key/value cache in the `cache` collection:
+    - self-attention: `cached_key`/`cached_value` of shape (batch, max_len, heads, head_dim),
+      filled from `cache_index`; a call may bring several tokens at once (prefill).
+    - cross-attention: the projected keys/values of `inputs_kv` are stored when given and
+      reused when `inputs_kv` is None, so the encoder output is projected once.
+    The cache is created by a first call with decode=True (e.g. `model.init`), whose inputs set
+    its shape.
+    """
+
+    config: TransformerConfig
+    causal_cache: bool = True  # in decode mode, the chunk attends causally to the cache
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        decode: bool = False,
+        is_cross: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        dense = lambda name: nn.Dense(  # noqa: E731
+            cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+        )
+        batch, q_len, _ = inputs_q.shape
+        split = lambda x: x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))  # noqa: E731
+
+        query = split(dense("query")(inputs_q))  # (batch, q_len, heads, head_dim)
+        if is_cross:
+            key, value = self._cross_keys_values(inputs_kv, dense, split, decode)
+        else:
+            source = inputs_q if inputs_kv is None else inputs_kv
+            key, value = split(dense("key")(source)), split(dense("value")(source))
+            if decode:
+                key, value, mask = self._update_self_cache(key, value, mask)
+
+        dropout_rng = None
+        if not deterministic and cfg.attention_dropout_rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        output, weights = scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            mask,
+            dropout_rate=cfg.attention_dropout_rate,
+            dropout_rng=dropout_rng,
+            deterministic=deterministic,
+        )
+        self.sow("intermediates", "attention_weights", weights)
+        output = output.reshape(batch, q_len, cfg.d_model)  # concat heads
+        return dense("out")(output)
+
+    def _cross_keys_values(self, inputs_kv, dense, split, decode):
+        if not decode:
+            if inputs_kv is None:
+                raise ValueError("cross-attention needs the encoder output (inputs_kv)")
+            return split(dense("key")(inputs_kv)), split(dense("value")(inputs_kv))
+        if inputs_kv is not None:
+            key, value = split(dense("key")(inputs_kv)), split(dense("value")(inputs_kv))
+            cached_key = self.variable("cache", "cached_key", lambda: key)
+            cached_value = self.variable("cache", "cached_value", lambda: value)
+            cached_key.value, cached_value.value = key, value
+            return key, value
+        if not self.has_variable("cache", "cached_key"):
+            raise ValueError(
+                "cross-attention cache is empty: call once with the encoder output first"
+            )
+        return (
+            self.get_variable("cache", "cached_key"),
+            self.get_variable("cache", "cached_value"),
+        )
+
+    def _update_self_cache(self, key, value, mask):
+        """Write this chunk's keys/values at cache_index; return the whole cache and its mask."""
+        initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not initialized:
+            # The creating call sizes the cache to its inputs and attends as usual.
+            return key, value, mask
+        chunk = key.shape[1]
+        max_len = cached_key.value.shape[1]
+        index = cache_index.value
+        start = (0, index, 0, 0)
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
+        cache_index.value = index + chunk
+        # Query i of the chunk sits at position index + i and sees cache positions <= that.
+        key_pos = jnp.arange(max_len)[None, :]
+        query_pos = index + jnp.arange(chunk)[:, None]
+        visible = key_pos <= query_pos if self.causal_cache else key_pos < index + chunk
+        cache_mask = visible[None, None]  # (1, 1, chunk, max_len)
+        return cached_key.value, cached_value.value, combine_masks(cache_mask, mask)

@@ -1,0 +1,110 @@
+"""Encoder and decoder blocks in both LayerNorm placements.
+
+Post-LN (the paper, norm_first=False):  x = norm(x + dropout(sublayer(x)))
+Pre-LN  (norm_first=True):              x = x + dropout(sublayer(norm(x)))
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import linen as nn
+
+from .attention import MultiHeadAttention
+from .config import TransformerConfig
+from .layers import FeedForward, layer_norm
+
+
+def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool):
+    """Apply `sublayer` with dropout, residual add and `norm` in the config's placement."""
+    dropout = nn.Dropout(config.dropout_rate)
+    if config.norm_first:
+        return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention, then the feed-forward network. Params: self_attn, norm1, ffn, norm2.
+
+    The decoder-only TransformerLM uses this block too, with a causal mask.
+    """
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        mask: jax.Array | None = None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        self_attn = MultiHeadAttention(cfg, name="self_attn")
+        ffn = FeedForward(cfg, name="ffn")
+        x = residual(
+            cfg,
+            layer_norm(cfg, "norm1"),
+            x,
+            lambda h: self_attn(h, mask=mask, deterministic=deterministic, decode=decode),
+            deterministic,
+        )
+        return residual(
+            cfg,
+            layer_norm(cfg, "norm2"),
+            x,
+            lambda h: ffn(h, deterministic=deterministic),
+            deterministic,
+        )
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, feed-forward network.
+
+    Params: self_attn, norm1, cross_attn, norm2, ffn, norm3. In decode mode `encoded` may be
+    None after the first call: the cross-attention keys/values come from the cache.
+    """
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        encoded: jax.Array | None,
+        self_mask: jax.Array | None = None,
+        cross_mask: jax.Array | None = None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        self_attn = MultiHeadAttention(cfg, name="self_attn")
+        cross_attn = MultiHeadAttention(cfg, name="cross_attn")
+        ffn = FeedForward(cfg, name="ffn")
+        x = residual(
+            cfg,
+            layer_norm(cfg, "norm1"),
+            x,
+            lambda h: self_attn(h, mask=self_mask, deterministic=deterministic, decode=decode),
+            deterministic,
+        )
+        x = residual(
+            cfg,
+            layer_norm(cfg, "norm2"),
+            x,
+            lambda h: cross_attn(
+                h,
+                encoded,
+                mask=cross_mask,
+                deterministic=deterministic,
+                decode=decode,
+                is_cross=True,
+            ),
+            deterministic,
+        )
+        return residual(
+            cfg,
+            layer_norm(cfg, "norm3"),
+            x,
+            lambda h: ffn(h, deterministic=deterministic),
+            deterministic,
+        )

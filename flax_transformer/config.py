@@ -1,0 +1,135 @@
+"""TransformerConfig: one frozen, validated description of a model, shared by Flax and torch.
+
+Imports no jax, so the torch twin, the CLI and the converter can read a config cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+ACTIVATIONS = ("relu", "gelu")
+POSITIONALS = ("sinusoidal", "learned")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    src_vocab_size: int = 256
+    tgt_vocab_size: int = 256
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    max_len: int = 512
+    norm_first: bool = False  # False: post-LN (the paper); True: pre-LN
+    final_norm: bool = False  # LayerNorm after the last encoder / decoder block
+    activation: str = "relu"  # "relu" | "gelu" (exact erf form, as torch)
+    layer_norm_eps: float = 1e-5  # torch's default; Flax's own default is 1e-6
+    scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model)
+    share_embeddings: bool = False  # one table for source and target (needs equal vocab)
+    tie_output: bool = False  # logits = x @ target_embedding.T, no lm_head
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned"
+    pad_id: int = 0
+    dtype: str = "float32"  # computation dtype
+    param_dtype: str = "float32"  # parameter storage dtype
+    remat: bool = False  # rematerialise each block in the backward pass (saves memory)
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "d_model",
+            "num_heads",
+            "d_ff",
+            "max_len",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name} must be a positive int, got {value!r}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                problems.append(f"{name} must be a non-negative int, got {value!r}")
+        if not problems and self.d_model % self.num_heads:
+            problems.append(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            problems.append(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if self.activation not in ACTIVATIONS:
+            problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.positional not in POSITIONALS:
+            problems.append(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            problems.append(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+        if not problems and not (
+            isinstance(self.pad_id, int)
+            and 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size)
+        ):
+            problems.append(
+                f"pad_id must be a token id inside both vocabularies, got {self.pad_id!r}"
+            )
+        if problems:
+            raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TransformerConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"config is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError("config JSON must be an object")
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> TransformerConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ValueError(f"cannot read config file {path}: {err}") from None
+        try:
+            return cls.from_json(text)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None

@@ -1,0 +1,265 @@
+"""Encoder / decoder stacks and the two models: Transformer (seq2seq) and TransformerLM.
+
+Parameter names follow DESIGN.md's canonical table (Flax path a/layers_3/b/kernel <->
+torch key a.layers.3.b.weight), so conversion is one rule.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from .attention import combine_masks, make_causal_mask, make_padding_mask
+from .blocks import DecoderBlock, EncoderBlock
+from .config import TransformerConfig
+from .layers import PositionalEncoding, layer_norm
+
+
+def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
+    """Shape checks that run at trace time, so bad input fails here and not deep inside XLA."""
+    if tokens.ndim != 2:
+        raise ValueError(f"{name} must be (batch, length) token ids, got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.shape[1] > max_len:
+        raise ValueError(
+            f"{name} has length {tokens.shape[1]}, longer than the model's max_len {max_len}"
+        )
+
+
+def check_mask(name: str, mask: jax.Array | None, target: tuple[int, ...]) -> None:
+    """A mask must broadcast to `target` = (batch, heads, q_len, k_len)."""
+    if mask is None:
+        return
+    try:
+        np.broadcast_shapes(mask.shape, target)
+    except ValueError:
+        raise ValueError(
+            f"{name} of shape {mask.shape} does not broadcast to (batch, heads, q_len, k_len) "
+            f"= {target}"
+        ) from None
+
+
+class Encoder(nn.Module):
+    """A stack of EncoderBlocks named layers_{i}, then `norm` when config.final_norm."""
+
+    config: TransformerConfig
+    num_layers: int | None = None  # defaults to config.num_encoder_layers
+
+    @nn.compact
+    def __call__(self, x, mask=None, *, deterministic: bool = True, decode: bool = False):
+        cfg = self.config
+        num_layers = cfg.num_encoder_layers if self.num_layers is None else self.num_layers
+        block = nn.remat(EncoderBlock, static_argnums=(3, 4)) if cfg.remat else EncoderBlock
+        for i in range(num_layers):
+            x = block(cfg, name=f"layers_{i}")(x, mask, deterministic, decode)
+        if cfg.final_norm:
+            x = layer_norm(cfg, "norm")(x)
+        return x
+
+
+class Decoder(nn.Module):
+    """A stack of DecoderBlocks named layers_{i}, then `norm` when config.final_norm."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x,
+        encoded,
+        self_mask=None,
+        cross_mask=None,
+        *,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
+        cfg = self.config
+        block = nn.remat(DecoderBlock, static_argnums=(5, 6)) if cfg.remat else DecoderBlock
+        for i in range(cfg.num_decoder_layers):
+            x = block(cfg, name=f"layers_{i}")(
+                x, encoded, self_mask, cross_mask, deterministic, decode
+            )
+        if cfg.final_norm:
+            x = layer_norm(cfg, "norm")(x)
+        return x
+
+
+class DecodePosition(nn.Module):
+    """In decode mode, counts the tokens seen so far, so positions continue from the cache."""
+
+    @nn.compact
+    def __call__(self, length: int, decode: bool) -> jax.Array | int:
+        if not decode:
+            return 0
+        initialized = self.has_variable("cache", "index")
+        index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+        if not initialized:
+            return 0
+        offset = index.value
+        index.value = offset + length
+        return offset
+
+
+class _EmbeddingsMixin:
+    """Token embedding -> optional sqrt(d_model) scale -> positions -> dropout."""
+
+    def _embed(self, embed: nn.Embed, tokens, offset, deterministic: bool, tag: str):
+        cfg = self.config
+        x = embed(tokens)  # (batch, len, d_model)
+        if cfg.scale_embeddings:
+            x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
+        x = self.positions(x, offset)
+        x = self.embed_dropout(x, deterministic=deterministic)
+        self.sow("intermediates", tag, x)
+        return x
+
+    def _setup_positions(self, cfg: TransformerConfig) -> None:
+        # Learned positions own the param `pos_embed.weight`; sinusoidal ones hold no params.
+        if cfg.positional == "learned":
+            self.pos_embed = PositionalEncoding(cfg)
+            self.positions = self.pos_embed
+        else:
+            self.positions = PositionalEncoding(cfg)
+        self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+        self.decode_position = DecodePosition()
+
+    def _output_logits(self, embed: nn.Embed, x):
+        if self.config.tie_output:
+            return embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
+        return self.lm_head(x)
+
+
+def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
+    return nn.Embed(
+        vocab,
+        cfg.d_model,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+    )
+
+
+def _lm_head(cfg: TransformerConfig) -> nn.Dense:
+    return nn.Dense(cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+
+
+class Transformer(_EmbeddingsMixin, nn.Module):
+    """Encoder-decoder Transformer. `__call__(src, tgt) -> logits (batch, tgt_len, tgt_vocab)`.
+
+    Masks default to padding (from pad_id) for the source and padding + causal for the target.
+    `encode` and `decode` are usable through `apply(..., method=...)`.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        if cfg.share_embeddings:
+            self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
+            self.src_embed_table = self.tgt_embed_table = self.shared_embed
+        else:
+            self.src_embed = _embed_module(cfg, cfg.src_vocab_size)
+            self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
+            self.src_embed_table, self.tgt_embed_table = self.src_embed, self.tgt_embed
+        self._setup_positions(cfg)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        if not cfg.tie_output:
+            self.lm_head = _lm_head(cfg)
+
+    def __call__(self, src, tgt, *, src_mask=None, tgt_mask=None, deterministic: bool = True):
+        if src_mask is None:
+            check_tokens("src", src, self.config.max_len)
+            src_mask = make_padding_mask(src, self.config.pad_id)
+        encoded = self.encode(src, src_mask=src_mask, deterministic=deterministic)
+        return self.decode(
+            encoded, tgt, src_mask=src_mask, tgt_mask=tgt_mask, deterministic=deterministic
+        )
+
+    def encode(self, src, *, src_mask=None, deterministic: bool = True):
+        """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real."""
+        cfg = self.config
+        check_tokens("src", src, cfg.max_len)
+        if src_mask is None:
+            src_mask = make_padding_mask(src, cfg.pad_id)
+        check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
+        x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded")
+        return self.encoder(x, src_mask, deterministic=deterministic)
+
+    def decode(
+        self,
+        encoded,
+        tgt,
+        *,
+        src_mask=None,
+        tgt_mask=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
+        """Target tokens (batch, tgt_len) and encoder output -> logits (batch, tgt_len, vocab).
+
+        src_mask is the source key mask (batch, 1, 1, src_len), True on real tokens; None
+        attends to every source position. With decode=True the keys/values are cached (see
+        MultiHeadAttention); `encoded` is needed on the first call only, tgt_mask then covers
+        the cache positions (batch, 1, tgt_len, max_len) and defaults to causal-over-cache.
+        """
+        cfg = self.config
+        check_tokens("tgt", tgt, cfg.max_len)
+        batch, tgt_len = tgt.shape
+        if not decode and tgt_mask is None:
+            tgt_mask = combine_masks(make_causal_mask(tgt_len), make_padding_mask(tgt, cfg.pad_id))
+        if not decode:
+            check_mask("tgt_mask", tgt_mask, (batch, cfg.num_heads, tgt_len, tgt_len))
+        if encoded is not None:
+            src_len = encoded.shape[1]
+            check_mask("src_mask", src_mask, (batch, cfg.num_heads, tgt_len, src_len))
+            if (
+                src_mask is not None
+                and src_mask.ndim == 4
+                and src_mask.shape[2] not in (1, tgt_len)
+            ):
+                raise ValueError(
+                    f"src_mask of shape {src_mask.shape} cannot serve as the cross-attention "
+                    f"mask: its query axis must be 1 or tgt_len ({tgt_len})"
+                )
+        offset = self.decode_position(tgt_len, decode)
+        x = self._embed(self.tgt_embed_table, tgt, offset, deterministic, "tgt_embedded")
+        x = self.decoder(x, encoded, tgt_mask, src_mask, deterministic=deterministic, decode=decode)
+        return self._output_logits(self.tgt_embed_table, x)
+
+
+class TransformerLM(_EmbeddingsMixin, nn.Module):
+    """Decoder-only language model: causal self-attention, no cross-attention.
+
+    Params: tgt_embed, decoder.layers_{i}.{self_attn,norm1,ffn,norm2}, decoder.norm (when
+    final_norm), lm_head (unless tie_output), pos_embed (when learned). Encoder fields of the
+    config are ignored.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
+        self._setup_positions(cfg)
+        self.decoder = Encoder(cfg, num_layers=cfg.num_decoder_layers)
+        if not cfg.tie_output:
+            self.lm_head = _lm_head(cfg)
+
+    def __call__(self, tokens, *, mask=None, deterministic: bool = True, decode: bool = False):
+        """(batch, len) tokens -> logits (batch, len, vocab). mask defaults to causal + padding;
+        in decode mode it covers the cache positions and defaults to causal-over-cache."""
+        cfg = self.config
+        check_tokens("tokens", tokens, cfg.max_len)
+        batch, length = tokens.shape
+        if not decode and mask is None:
+            mask = combine_masks(make_causal_mask(length), make_padding_mask(tokens, cfg.pad_id))
+        if not decode:
+            check_mask("mask", mask, (batch, cfg.num_heads, length, length))
+        offset = self.decode_position(length, decode)
+        x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded")
+        x = self.decoder(x, mask, deterministic=deterministic, decode=decode)
+        return self._output_logits(self.tgt_embed, x)

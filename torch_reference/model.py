@@ -1,0 +1,290 @@
+"""The same Transformer as plain PyTorch nn.Modules, built from the same TransformerConfig.
+
+Module and parameter names mirror the Flax tree (DESIGN.md's table), so `state_dict()` keys are
+the canonical torch keys. Mask convention as in Flax: boolean, True = may attend, broadcastable
+to (batch, heads, q_len, k_len); a fully masked query row yields zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flax_transformer.config import TransformerConfig
+from flax_transformer.layers import sinusoidal_table
+
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def make_padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(batch, len) -> (batch, 1, 1, len), True on real tokens."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def make_causal_mask(length: int, device=None) -> torch.Tensor:
+    """(1, 1, length, length) lower-triangular, True = may attend."""
+    return torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))[None, None]
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, dropout_p: float = 0.0):
+    """query (batch, heads, q_len, head_dim), key/value (batch, heads, k_len, head_dim).
+
+    Returns output (batch, heads, q_len, head_dim) and weights (batch, heads, q_len, k_len).
+    """
+    head_dim = query.shape[-1]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(head_dim)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    return attended @ value, weights
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        d = config.d_model
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.attention_dropout = config.attention_dropout_rate
+        self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
+
+    def forward(self, inputs_q, inputs_kv=None, mask=None):
+        inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+        batch, q_len, d_model = inputs_q.shape
+
+        def split(x):  # (batch, len, d_model) -> (batch, heads, len, head_dim)
+            return x.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
+
+        query = split(self.query(inputs_q))
+        key, value = split(self.key(inputs_kv)), split(self.value(inputs_kv))
+        dropout_p = self.attention_dropout if self.training else 0.0
+        output, weights = scaled_dot_product_attention(query, key, value, mask, dropout_p)
+        self.last_weights = weights.detach()
+        output = output.transpose(1, 2).reshape(batch, q_len, d_model)  # concat heads
+        return self.out(output)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.linear1 = nn.Linear(config.d_model, config.d_ff)
+        self.linear2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation = nn.ReLU() if config.activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class PositionalEncoding(nn.Module):
+    """Sinusoidal (a buffer, not a param) or learned (`weight`), added from `offset`."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if config.positional == "learned":
+            self.weight = nn.Parameter(torch.randn(config.max_len, config.d_model) * 0.02)
+        else:
+            table = torch.from_numpy(sinusoidal_table(config.max_len, config.d_model))
+            self.register_buffer("table", table, persistent=False)
+
+    def forward(self, x, offset: int = 0):
+        table = self.weight if hasattr(self, "weight") else self.table
+        return x + table[offset : offset + x.shape[1]].to(x.dtype)[None]
+
+
+def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+class _ResidualMixin:
+    def _residual(self, norm, x, sublayer):
+        if self.norm_first:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderBlock(_ResidualMixin, nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config)
+        self.norm1 = _layer_norm(config)
+        self.ffn = FeedForward(config)
+        self.norm2 = _layer_norm(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(self, x, mask=None):
+        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=mask))
+        return self._residual(self.norm2, x, self.ffn)
+
+
+class DecoderBlock(_ResidualMixin, nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config)
+        self.norm1 = _layer_norm(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.norm2 = _layer_norm(config)
+        self.ffn = FeedForward(config)
+        self.norm3 = _layer_norm(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(self, x, encoded, self_mask=None, cross_mask=None):
+        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=self_mask))
+        x = self._residual(self.norm2, x, lambda h: self.cross_attn(h, encoded, mask=cross_mask))
+        return self._residual(self.norm3, x, self.ffn)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: TransformerConfig, num_layers: int | None = None):
+        super().__init__()
+        num_layers = config.num_encoder_layers if num_layers is None else num_layers
+        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(num_layers))
+        self.norm = _layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, mask=None):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.norm is None else self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.num_decoder_layers))
+        self.norm = _layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, encoded, self_mask=None, cross_mask=None):
+        for layer in self.layers:
+            x = layer(x, encoded, self_mask, cross_mask)
+        return x if self.norm is None else self.norm(x)
+
+
+class _EmbeddingsMixin(nn.Module):
+    def _init_embeddings(self, config: TransformerConfig, with_source: bool):
+        self.config = config
+        if with_source and config.share_embeddings:
+            self.shared_embed = nn.Embedding(config.src_vocab_size, config.d_model)
+        else:
+            if with_source:
+                self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
+            self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
+        positions = PositionalEncoding(config)
+        if config.positional == "learned":
+            self.pos_embed = positions
+        else:
+            self.positions = positions
+        self.embed_dropout = nn.Dropout(config.dropout_rate)
+        self.lm_head = (
+            None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size)
+        )
+
+    # Properties, not attributes: an aliased nn.Module would appear twice in state_dict().
+    @property
+    def src_embed_table(self) -> nn.Embedding:
+        return self.shared_embed if self.config.share_embeddings else self.src_embed
+
+    @property
+    def tgt_embed_table(self) -> nn.Embedding:
+        if self.config.share_embeddings and hasattr(self, "shared_embed"):
+            return self.shared_embed
+        return self.tgt_embed
+
+    def _embed(self, table: nn.Embedding, tokens, offset: int = 0):
+        x = table(tokens)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        positions = self.pos_embed if self.config.positional == "learned" else self.positions
+        return self.embed_dropout(positions(x, offset))
+
+    def _output_logits(self, x):
+        if self.lm_head is None:
+            return x @ self.tgt_embed_table.weight.T
+        return self.lm_head(x)
+
+
+class Transformer(_EmbeddingsMixin):
+    """forward(src, tgt, src_mask=None, tgt_mask=None) -> logits (batch, tgt_len, tgt_vocab)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self._init_embeddings(config, with_source=True)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.to(TORCH_DTYPES[config.param_dtype])
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        if src_mask is None:
+            src_mask = make_padding_mask(src, self.config.pad_id)
+        encoded = self.encode(src, src_mask)
+        return self.decode(encoded, tgt, src_mask, tgt_mask)
+
+    def encode(self, src, src_mask=None):
+        if src_mask is None:
+            src_mask = make_padding_mask(src, self.config.pad_id)
+        return self.encoder(self._embed(self.src_embed_table, src), src_mask)
+
+    def decode(self, encoded, tgt, src_mask=None, tgt_mask=None):
+        if tgt_mask is None:
+            tgt_mask = make_causal_mask(tgt.shape[1], tgt.device) & make_padding_mask(
+                tgt, self.config.pad_id
+            )
+        x = self.decoder(self._embed(self.tgt_embed_table, tgt), encoded, tgt_mask, src_mask)
+        return self._output_logits(x)
+
+
+class TransformerLM(_EmbeddingsMixin):
+    """Decoder-only: forward(tokens, mask=None) -> logits (batch, len, tgt_vocab)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self._init_embeddings(config, with_source=False)
+        self.decoder = Encoder(config, num_layers=config.num_decoder_layers)
+        self.to(TORCH_DTYPES[config.param_dtype])
+
+    def forward(self, tokens, mask=None):
+        if mask is None:
+            mask = make_causal_mask(tokens.shape[1], tokens.device) & make_padding_mask(
+                tokens, self.config.pad_id
+            )
+        return self._output_logits(self.decoder(self._embed(self.tgt_embed_table, tokens), mask))
+
+
+def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:
+    """state_dict as numpy arrays, bfloat16 kept (as ml_dtypes.bfloat16)."""
+    return {key: tensor_to_numpy(value) for key, value in module.state_dict().items()}
+
+
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def load_numpy_state(module: nn.Module, state: dict[str, np.ndarray]) -> nn.Module:
+    """Load numpy arrays into `module` strictly (missing or unexpected keys raise)."""
+    module.load_state_dict({k: numpy_to_tensor(v) for k, v in state.items()}, strict=True)
+    return module
