@@ -119,12 +119,21 @@ def torch_state_to_flax(
 ) -> dict[str, Any]:
     """torch state_dict (numpy arrays) -> Flax params {'params': ...}, strictly checked."""
     model = model or infer_model_kind(state)
-    expected = expected_param_shapes(config, model)
-    problems, flat = [], {}
-    seen = set()
-    for path, (shape, _) in expected.items():
+    expected = {p: shape for p, (shape, _) in expected_param_shapes(config, model).items()}
+    where = f"torch state -> flax params ({model}, d_model={config.d_model})"
+    return torch_state_to_params(state, expected, where)
+
+
+def torch_state_to_params(
+    state: Mapping[str, np.ndarray],
+    expected: Mapping[tuple[str, ...], tuple[int, ...]],
+    where: str = "torch state -> flax params",
+) -> dict[str, Any]:
+    """Convert to the Flax tree whose {path: shape} is `expected` (any module, e.g. one block)."""
+    problems, flat, seen = [], {}, set()
+    for path, shape in expected.items():
         key = flax_path_to_torch_key(path)
-        torch_shape = shape[::-1] if _is_transposed(path) else shape
+        torch_shape = tuple(shape[::-1]) if _is_transposed(path) else tuple(shape)
         if key not in state:
             problems.append(f"missing key {key!r} (expected shape {torch_shape})")
             continue
@@ -138,7 +147,7 @@ def torch_state_to_flax(
         flat[path] = array.T.copy() if _is_transposed(path) else array.copy()
     for key in set(state) - seen:
         problems.append(f"unexpected key {key!r} (shape {tuple(np.shape(state[key]))})")
-    _report(problems, f"torch state -> flax params ({model}, d_model={config.d_model})")
+    _report(problems, where)
     return {"params": unflatten_params(flat)}
 
 

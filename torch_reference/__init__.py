@@ -15,6 +15,7 @@ from .model import (
     make_padding_mask,
     numpy_to_tensor,
     scaled_dot_product_attention,
+    set_fused_attention,
     state_dict_to_numpy,
     tensor_to_numpy,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "make_padding_mask",
     "numpy_to_tensor",
     "scaled_dot_product_attention",
+    "set_fused_attention",
     "state_dict_to_numpy",
     "tensor_to_numpy",
 ]

@@ -59,6 +59,8 @@ class MultiHeadAttention(nn.Module):
         self.attention_dropout = config.attention_dropout_rate
         self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
         self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
+        # PyTorch's fused kernel (F.scaled_dot_product_attention); it gives no weights.
+        self.fused = False
 
     def forward(self, inputs_q, inputs_kv=None, mask=None):
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
@@ -70,10 +72,24 @@ class MultiHeadAttention(nn.Module):
         query = split(self.query(inputs_q))
         key, value = split(self.key(inputs_kv)), split(self.value(inputs_kv))
         dropout_p = self.attention_dropout if self.training else 0.0
-        output, weights = scaled_dot_product_attention(query, key, value, mask, dropout_p)
-        self.last_weights = weights.detach()
+        if self.fused:
+            output = F.scaled_dot_product_attention(query, key, value, mask, dropout_p)
+            if mask is not None:  # the fused kernel gives NaN for fully masked rows: define 0
+                output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+            self.last_weights = None
+        else:
+            output, weights = scaled_dot_product_attention(query, key, value, mask, dropout_p)
+            self.last_weights = weights.detach()
         output = output.transpose(1, 2).reshape(batch, q_len, d_model)  # concat heads
         return self.out(output)
+
+
+def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
+    """Switch every attention layer of `model` to PyTorch's fused kernel (or back)."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.fused = enabled
+    return model
 
 
 class FeedForward(nn.Module):
