@@ -2,7 +2,8 @@
 
 Mask convention (the whole project): a boolean mask is True where attention is allowed,
 broadcastable to (batch, heads, q_len, k_len). A query row whose keys are all masked
-attends to nothing and yields zeros, never NaN.
+attends to nothing and yields zeros, never NaN. A float mask is an additive bias on the scores
+(torch.nn's float masks), -inf = blocked; the torch.nn interop (interop.py) uses it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def scaled_dot_product_attention(
     """softmax(q k^T / sqrt(d_k)) v, per head.
 
     query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim),
-    mask broadcastable to (batch, heads, q_len, k_len), True = attend.
+    mask broadcastable to (batch, heads, q_len, k_len): boolean, True = attend; or float, added
+    to the scores, with -inf entries treated as blocked (so a fully blocked row gives zeros too).
     Returns output (batch, q_len, heads, head_dim) and weights (batch, heads, q_len, k_len).
     The softmax runs in at least float32 even when the inputs are bfloat16.
     """
@@ -58,6 +60,10 @@ def scaled_dot_product_attention(
     softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
     scores = scores.astype(softmax_dtype)
     if mask is not None:
+        if jnp.issubdtype(mask.dtype, jnp.floating):
+            # A float mask is an additive bias (torch's convention); -inf marks blocked keys.
+            scores = scores + mask.astype(softmax_dtype)
+            mask = mask != -jnp.inf
         # finfo.min instead of -inf: a fully masked row stays finite, then is zeroed below.
         scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
     weights = jax.nn.softmax(scores, axis=-1)
@@ -104,7 +110,11 @@ class MultiHeadAttention(nn.Module):
     ) -> jax.Array:
         cfg = self.config
         dense = lambda name: nn.Dense(  # noqa: E731
-            cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+            cfg.d_model,
+            use_bias=cfg.use_bias,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=name,
         )
         batch, q_len, _ = inputs_q.shape
         split = lambda x: x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))  # noqa: E731

@@ -39,6 +39,7 @@ class TransformerConfig:
     dtype: str = "float32"  # computation dtype
     param_dtype: str = "float32"  # parameter storage dtype
     remat: bool = False  # rematerialise each block in the backward pass (saves memory)
+    use_bias: bool = True  # biases in the blocks' Dense and LayerNorm layers and final norms
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +68,8 @@ class TransformerConfig:
                 problems.append(f"{name} must be in [0, 1), got {value!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             problems.append(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if not isinstance(self.use_bias, bool):
+            problems.append(f"use_bias must be a bool, got {self.use_bias!r}")
         if self.activation not in ACTIVATIONS:
             problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:

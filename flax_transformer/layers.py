@@ -32,6 +32,7 @@ def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         use_fast_variance=False,
+        use_bias=config.use_bias,
         name=name,
     )
 
@@ -57,12 +58,17 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
         cfg = self.config
-        x = nn.Dense(cfg.d_ff, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="linear1")(x)
+        dense = lambda features, name: nn.Dense(  # noqa: E731
+            features,
+            use_bias=cfg.use_bias,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name=name,
+        )
+        x = dense(cfg.d_ff, "linear1")(x)
         x = activation_fn(cfg.activation)(x)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        return nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="linear2")(
-            x
-        )
+        return dense(cfg.d_model, "linear2")(x)
 
 
 class PositionalEncoding(nn.Module):

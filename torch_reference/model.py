@@ -57,7 +57,9 @@ class MultiHeadAttention(nn.Module):
         d = config.d_model
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.attention_dropout = config.attention_dropout_rate
-        self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.query, self.key, self.value, self.out = (
+            nn.Linear(d, d, bias=config.use_bias) for _ in range(4)
+        )
         self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
         # PyTorch's fused kernel (F.scaled_dot_product_attention); it gives no weights.
         self.fused = False
@@ -95,8 +97,8 @@ def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
 class FeedForward(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.linear1 = nn.Linear(config.d_model, config.d_ff)
-        self.linear2 = nn.Linear(config.d_ff, config.d_model)
+        self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.use_bias)
+        self.linear2 = nn.Linear(config.d_ff, config.d_model, bias=config.use_bias)
         self.activation = nn.ReLU() if config.activation == "relu" else nn.GELU()
         self.dropout = nn.Dropout(config.dropout_rate)
 
@@ -121,7 +123,7 @@ class PositionalEncoding(nn.Module):
 
 
 def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.use_bias)
 
 
 class _ResidualMixin:
