@@ -1,0 +1,155 @@
+"""The KV cache: cached logits at every step equal full-recompute logits (float32, 1e-5).
+
+Each case feeds a fixed token sequence through the cache in chunks (a multi-token prefill,
+then one token per call, or other splits) and compares every position's logits with one
+forward pass of the whole sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer import Transformer, TransformerConfig, TransformerLM
+from flax_transformer.attention import make_causal_mask
+from flax_transformer.decode import init_cache
+from flax_transformer.numerics import assert_close
+
+PAD = 0
+BASE = dict(
+    src_vocab_size=43, tgt_vocab_size=47, d_model=32, num_heads=4, d_ff=72,
+    num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_len=24,
+)  # fmt: skip
+
+
+def make_config(**changes) -> TransformerConfig:
+    return TransformerConfig(**{**BASE, **changes})
+
+
+def build(kind: str, config: TransformerConfig, batch: int = 3, src_len: int = 9, seed: int = 0):
+    """Model, params, ragged source (B, S) (None for the LM) and target tokens (B, 12)."""
+    rng = np.random.default_rng(seed)
+    tgt = rng.integers(1, config.tgt_vocab_size, (batch, 12))
+    if kind == "lm":
+        model = TransformerLM(config)
+        return model, model.init(jax.random.key(seed), tgt), None, tgt
+    src = rng.integers(1, config.src_vocab_size, (batch, src_len))
+    src[1, 5:] = PAD  # ragged sources: the cross-attention mask matters
+    model = Transformer(config)
+    return model, model.init(jax.random.key(seed), src, tgt), src, tgt
+
+
+def _feed(model, params, src_mask, cache, encoded, tokens):
+    """One cached call: tokens (B, n) -> logits (B, n, V) and the updated cache."""
+    variables = {**params, "cache": cache}
+    if src_mask is None:
+        logits, new = model.apply(variables, tokens, decode=True, mutable=["cache"])
+    else:
+        logits, new = model.apply(
+            variables,
+            encoded,  # given on the first call only: the encoder output is projected once
+            tokens,
+            src_mask=src_mask,
+            decode=True,
+            method="decode",
+            mutable=["cache"],
+        )
+    return logits, new["cache"]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "chunks", "cache_len"))
+def cached_logits(model, params, src, tgt, *, chunks, cache_len):
+    """Logits (B, T, V) of tgt fed through the cache: the first chunks as given (the first one
+    a multi-token prefill), then the remaining tokens one per call in a lax.scan."""
+    batch = tgt.shape[0]
+    src_mask = encoded = None
+    if src is None:
+        cache = init_cache(model, batch, cache_len)
+    else:
+        cache = init_cache(model, batch, cache_len, src_len=src.shape[1])
+        src_mask = (src != PAD)[:, None, None, :]
+        encoded = model.apply(params, src, src_mask=src_mask, method="encode")
+    pieces, start = [], 0
+    for size in chunks:
+        logits, cache = _feed(model, params, src_mask, cache, encoded, tgt[:, start : start + size])
+        pieces.append(logits)
+        start, encoded = start + size, None
+
+    def one_token(cache, token):  # token (B,)
+        logits, cache = _feed(model, params, src_mask, cache, None, token[:, None])
+        return cache, logits[:, 0]
+
+    if start < tgt.shape[1]:
+        _, rest = jax.lax.scan(one_token, cache, tgt[:, start:].T)  # (T - start, B, V)
+        pieces.append(rest.transpose(1, 0, 2))
+    return jnp.concatenate(pieces, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def full_logits(model, params, src, tgt):
+    causal = make_causal_mask(tgt.shape[1])  # no padding mask: tgt has no pads
+    if src is None:
+        return model.apply(params, tgt, mask=causal)
+    return model.apply(params, src, tgt, tgt_mask=causal)
+
+
+CONFIGS = {
+    "post-LN": {},
+    "pre-LN, final norm, learned positions, tied shared embeddings, scaled, gelu": dict(
+        norm_first=True,
+        final_norm=True,
+        positional="learned",
+        tie_output=True,
+        share_embeddings=True,
+        tgt_vocab_size=43,
+        scale_embeddings=True,
+        activation="gelu",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cached_logits_equal_full_recompute_every_step(kind, name):
+    config = make_config(**CONFIGS[name])
+    model, params, src, tgt = build(kind, config)
+    expected = full_logits(model, params, src, tgt)
+    # A 5-token prefill in one call, then one token per call; the cache is longer than needed.
+    actual = cached_logits(model, params, src, tgt, chunks=(5,), cache_len=20)
+    assert_close(actual, expected, atol=1e-5, what=f"{kind} cached vs full logits")
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_prefill_all_at_once_and_uneven_chunks(kind):
+    model, params, src, tgt = build(kind, make_config(), seed=1)
+    expected = full_logits(model, params, src, tgt)
+    for chunks in [(12,), (1, 3, 2, 6)]:  # all at once; uneven pieces
+        actual = cached_logits(model, params, src, tgt, chunks=chunks, cache_len=12)
+        assert_close(actual, expected, atol=1e-5, what=f"{kind} chunks {chunks}")
+
+
+def test_cache_works_with_remat():
+    model, params, src, tgt = build(
+        "seq2seq", make_config(remat=True, num_encoder_layers=1, num_decoder_layers=1), seed=2
+    )
+    expected = full_logits(model, params, src, tgt)
+    actual = cached_logits(model, params, src, tgt, chunks=(4,), cache_len=12)
+    assert_close(actual, expected, atol=1e-5, what="remat cached vs full logits")
+
+
+def test_init_cache_shapes_and_bad_sizes():
+    config = make_config()
+    model = Transformer(config)
+    cache = init_cache(model, 2, 10, src_len=7)
+    layer = cache["decoder"]["layers_0"]
+    assert layer["self_attn"]["cached_key"].shape == (2, 10, 4, 8)
+    assert layer["cross_attn"]["cached_key"].shape == (2, 7, 4, 8)
+    assert int(layer["self_attn"]["cache_index"]) == 0
+    with pytest.raises(ValueError, match="src_len"):
+        init_cache(model, 2, 10)
+    with pytest.raises(ValueError, match="max_len"):
+        init_cache(model, 2, config.max_len + 1, src_len=7)
