@@ -8,7 +8,7 @@ API:
   at a chosen dtype.
 
 CLI (exit 0: all within tolerance, 1: something out of tolerance, 2: bad input):
-    python -m flax_transformer.parity A B [--dtype float32|float64] [--tol T] [--json OUT]
+    python -m flax_transformer.parity A B [--dtype float64|float32] [--tol T] [--json OUT]
         [--input TEXT ...] [--target TEXT ...] [--tokenizer tokenizer.json]
 A's weights run in Flax, B's weights run in the torch twin (pass the same file twice to check
 the two implementations against each other). A and B are torch_reference or Flax safetensors
@@ -97,7 +97,7 @@ def compare_weights(
     batch: Mapping[str, Any] | None = None,
     *,
     model_kind: str = "transformer",
-    dtype: str = "float32",
+    dtype: str = "float64",
     torch_config: TransformerConfig | None = None,
     tol: float | None = None,
     exclude_masked: bool = True,
@@ -360,7 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
         ".pt (with --config) or a train.py workdir",
     )
     parser.add_argument("b", help="weights run in the torch twin (same kinds as A)")
-    parser.add_argument("--dtype", choices=RUN_DTYPES, default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=RUN_DTYPES,
+        default="float64",
+        help="computation dtype of both sides (default float64: the sharpest test of the math; "
+        "float32 noise hides differences below ~1e-5, e.g. LayerNorm eps 1e-5 vs 1e-6)",
+    )
     parser.add_argument(
         "--tol",
         type=float,

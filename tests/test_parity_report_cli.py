@@ -64,13 +64,14 @@ def run(argv, capsys):
 def test_same_weights_in_both_formats_pass(files, capsys):
     code, out, err = run([files["flax"], files["torch"], *SMALL_RUN], capsys)
     assert code == 0, out + err
-    assert "OK: all 31 tensors within relative tolerance 1e-05" in out
+    assert "OK: all 31 tensors within relative tolerance 1e-10" in out
+    assert ", float64," in out.splitlines()[0]
     assert "A=" in out and "(Flax)" in out and "(torch)" in out
 
 
 def test_broken_weight_fails_and_names_the_layer(files, capsys, tmp_path):
     report_path = tmp_path / "report.json"
-    argv = [files["torch"], files["broken"], "--dtype", "float64", "--json", report_path]
+    argv = [files["torch"], files["broken"], "--json", report_path]
     code, out, _ = run(argv + SMALL_RUN, capsys)
     assert code == 1
     marked = [line for line in out.splitlines() if "<-- divergence starts here" in line]
@@ -87,24 +88,29 @@ def test_broken_weight_fails_and_names_the_layer(files, capsys, tmp_path):
 
 def test_loose_tolerance_and_json_on_stdout(files, capsys):
     argv = [files["torch"], files["broken"], "--tol", "0.5", "--json", "-", *SMALL_RUN]
-    code, out, _ = run(argv, capsys)
+    code, out, _ = run(argv + ["--dtype", "float32"], capsys)
     assert code == 0
     report = json.loads(out)
     assert report["ok"] is True and report["tol"] == 0.5 and report["model"] == "transformer"
+    assert report["dtype"] == "float32"
     assert report["inputs"] == {"src": [3, 7], "tgt_in": [3, 6]}
 
 
 def test_different_configs_are_refused_with_the_fields_named(files, capsys, tmp_path):
     other = tmp_path / "eps.safetensors"
-    save_torch_state(other, torch_state(), CONFIG.replace(layer_norm_eps=1e-3))
+    # Flax's own LayerNorm default (1e-6) against torch's (1e-5): a classic porting bug.
+    save_torch_state(other, torch_state(), CONFIG.replace(layer_norm_eps=1e-6))
     code, _, err = run([files["torch"], other, *SMALL_RUN], capsys)
     assert code == 2
-    assert "different configs (layer_norm_eps: A 1e-05, B 0.001)" in err
+    assert "different configs (layer_norm_eps: A 1e-05, B 1e-06)" in err
     assert "--allow-config-diff" in err and "Traceback" not in err
     # Allowed: each side runs its own config, and the first LayerNorm is where it starts.
     code, out, _ = run([files["torch"], other, "--allow-config-diff", *SMALL_RUN], capsys)
     assert code == 1
     assert "the divergence starts at encoder.layers.0.norm1" in out
+    # float32 noise hides it: why float64 is the default.
+    argv = [files["torch"], other, "--allow-config-diff", "--dtype", "float32", *SMALL_RUN]
+    assert run(argv, capsys)[0] == 0
 
 
 def test_different_shapes_cannot_be_matched(files, capsys, tmp_path):
