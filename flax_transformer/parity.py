@@ -68,6 +68,12 @@ def compare_models(
     kind = "transformer" if isinstance(flax_model, Transformer) else "lm"
     check_batch(batch, config, kind)
     dtype = config.dtype
+    torch_dtypes = {str(p.dtype).removeprefix("torch.") for p in torch_model.parameters()}
+    if torch_dtypes != {dtype}:
+        raise ParityInputError(
+            f"the Flax model computes in {dtype} but the torch model's parameters are "
+            f"{sorted(torch_dtypes)}: compare like with like"
+        )
     tol = DEFAULT_TOLERANCES[dtype] if tol is None else float(tol)
     if not tol > 0:
         raise ParityInputError(f"tolerance must be > 0, got {tol}")
@@ -123,14 +129,13 @@ def compare_weights(
         batch = make_batch(flax_config, model_kind)
     params = _cast_tree(flax_params, dtype)
     flax_model = (Transformer if model_kind == "transformer" else TransformerLM)(flax_config)
-    torch_cls = (
-        torch_reference.Transformer
-        if model_kind == "transformer"
-        else (torch_reference.TransformerLM)
-    )
-    torch_model = torch_cls(torch_config)
+    torch_cls = {"transformer": torch_reference.Transformer, "lm": torch_reference.TransformerLM}
+    torch_model = torch_cls[model_kind](torch_config)
     state = {k: np.asarray(v, dtype=dtype) for k, v in torch_state.items()}
-    torch_reference.load_numpy_state(torch_model, state)
+    try:
+        torch_reference.load_numpy_state(torch_model, state)
+    except RuntimeError as err:  # torch's strict load: missing / unexpected / mis-shaped keys
+        raise ParityInputError(f"torch state does not fit the {model_kind} config: {err}") from None
     return compare_models(
         flax_model,
         params,

@@ -301,3 +301,9 @@ def test_bad_batches_are_clear_errors():
         compare_weights(CONFIG, params, state, batch)
     with pytest.raises(ParityInputError, match="dtype"):
         compare_weights(CONFIG, params, state, dtype="bfloat16")
+    missing = {k: v for k, v in state.items() if k != "lm_head.bias"}
+    with pytest.raises(ParityInputError, match="lm_head.bias"):
+        compare_weights(CONFIG, params, missing)
+    flax_model, flax_params, torch_model = models("transformer", state, "float32")
+    with pytest.raises(ParityInputError, match="computes in float32 but the torch model's"):
+        compare_models(flax_model, flax_params, torch_model.double(), batch_for("transformer"))
