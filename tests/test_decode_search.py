@@ -1,0 +1,289 @@
+"""Search: greedy against torch_reference's plain loop, beam search, sampling, ragged batches."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import torch_reference
+from flax_transformer import Transformer, TransformerConfig, TransformerLM, make_causal_mask
+from flax_transformer.convert import torch_state_to_flax
+from flax_transformer.decode import (
+    beam_search,
+    greedy_decode,
+    length_penalty,
+    lm_beam_search,
+    lm_greedy_decode,
+    lm_sample_decode,
+    sample_decode,
+)
+
+BOS, PAD = 1, 0
+N_NEW = 10
+CONFIG = TransformerConfig(
+    src_vocab_size=31, tgt_vocab_size=29, d_model=32, num_heads=4, d_ff=48,
+    num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_len=24,
+)  # fmt: skip
+
+
+def converted(kind: str, seed: int = 0, config: TransformerConfig = CONFIG):
+    """A torch_reference model and the Flax model + params holding its weights."""
+    torch.manual_seed(seed)
+    twin = torch_reference.Transformer if kind == "transformer" else torch_reference.TransformerLM
+    torch_model = twin(config).eval()
+    params = torch_state_to_flax(torch_reference.state_dict_to_numpy(torch_model), config, kind)
+    model = Transformer(config) if kind == "transformer" else TransformerLM(config)
+    return torch_model, model, params
+
+
+@torch.no_grad()
+def torch_greedy(step_logits, prompt: list[int], steps: int, eos_id: int) -> list[int]:
+    """The plain loop: re-run the whole prefix for every token, stop at EOS, pad the rest."""
+    tokens = list(prompt)
+    for _ in range(steps):
+        tokens.append(int(step_logits(torch.tensor([tokens]))[0, -1].argmax()))
+        if tokens[-1] == eos_id:
+            break
+    new = tokens[len(prompt) :]
+    return new + [PAD] * (steps - len(new))
+
+
+def pick_eos(rows: list[list[int]]) -> int:
+    """A token the free-running decoder emits mid-sequence, used as EOS to exercise stopping."""
+    return int(rows[0][3])
+
+
+@pytest.fixture(scope="module")
+def seq2seq():
+    torch_model, model, params = converted("transformer")
+    src = np.random.default_rng(0).integers(3, CONFIG.src_vocab_size, (4, 9))
+    src[1, 4:] = PAD  # ragged sources
+    src[3, 6:] = PAD
+
+    def reference(eos_id):
+        rows = []
+        for example in src:
+            real = torch.tensor(example[example != PAD][None])
+            step = lambda t, real=real: torch_model(real, t)  # noqa: E731
+            rows.append(torch_greedy(step, [BOS], N_NEW, eos_id))
+        return np.array(rows)
+
+    eos = pick_eos(reference(eos_id=-1).tolist())
+    return model, params, src, eos, reference(eos)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch_model, model, params = converted("lm", seed=1)
+    lengths = [4, 1, 6]  # ragged prompts, each starts with BOS
+    prompts = np.random.default_rng(1).integers(3, CONFIG.tgt_vocab_size, (3, 6))
+    prompts[:, 0] = BOS
+    for row, n in enumerate(lengths):
+        prompts[row, n:] = PAD
+
+    def reference(eos_id):
+        rows = []
+        for example, n in zip(prompts, lengths, strict=True):
+            rows.append(torch_greedy(torch_model, example[:n].tolist(), N_NEW, eos_id))
+        return np.array(rows)
+
+    eos = pick_eos(reference(eos_id=-1).tolist())
+    return model, params, prompts, eos, reference(eos)
+
+
+# ----------------------------------------------------------------------------------- greedy
+
+
+def test_seq2seq_greedy_equals_torch_plain_loop_cached_and_uncached(seq2seq):
+    model, params, src, eos, expected = seq2seq
+    assert (expected == eos).any() and (expected == PAD).any()  # EOS and padding exercised
+    for use_cache in (True, False):
+        tokens = greedy_decode(
+            model, params, src, max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, use_cache=use_cache
+        )
+        assert tokens.shape == (4, N_NEW) and tokens.dtype == jnp.int32
+        np.testing.assert_array_equal(tokens, expected, err_msg=f"use_cache={use_cache}")
+
+
+def test_lm_greedy_ragged_prompts_equal_each_prompt_alone(lm):
+    model, params, prompts, eos, expected = lm
+    assert (expected == eos).any()
+    for use_cache in (True, False):
+        tokens = lm_greedy_decode(
+            model, params, prompts, max_new_tokens=N_NEW, eos_id=eos, use_cache=use_cache
+        )
+        np.testing.assert_array_equal(tokens, expected, err_msg=f"use_cache={use_cache}")
+
+
+# ------------------------------------------------------------------------------ beam search
+
+
+def test_beam_one_equals_greedy(seq2seq, lm):
+    model, params, src, eos, expected = seq2seq
+    tokens, scores = beam_search(
+        model, params, src, beam_size=1, max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, alpha=0.0
+    )
+    assert tokens.shape == (4, 1, N_NEW) and scores.shape == (4, 1)
+    np.testing.assert_array_equal(tokens[:, 0], expected)
+    model, params, prompts, eos, expected = lm
+    tokens, _ = lm_beam_search(
+        model, params, prompts, beam_size=1, max_new_tokens=N_NEW, eos_id=eos, alpha=0.0
+    )
+    np.testing.assert_array_equal(tokens[:, 0], expected)
+
+
+def lm_logits(model, params, tokens):
+    """Full-forward logits; causal mask only (a generated pad id is a token like any other)."""
+    return model.apply(params, jnp.asarray(tokens), mask=make_causal_mask(tokens.shape[1]))
+
+
+def sequence_log_prob(model, params, src, new_tokens, eos_id) -> np.ndarray:
+    """Sum of log p(token) over each row's tokens up to its first EOS, by one full forward."""
+    tgt = np.concatenate([np.full((len(new_tokens), 1), BOS), new_tokens], axis=1)
+    causal = make_causal_mask(tgt.shape[1] - 1)  # a generated pad id is a token like any other
+    logits = model.apply(params, src, jnp.asarray(tgt[:, :-1]), tgt_mask=causal)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = np.take_along_axis(np.asarray(logp), tgt[:, 1:, None], axis=-1)[..., 0]
+    keep = np.cumsum(np.cumsum(new_tokens == eos_id, axis=1), axis=1) <= 1  # up to first EOS
+    return (picked * keep).sum(axis=1), keep.sum(axis=1)
+
+
+def test_exhaustive_beam_finds_the_best_scored_sequence():
+    """Vocab 6, 3 new tokens: a beam of 36 holds every prefix, so it must return the best of
+    all 6 + 6^2 + 6^3 candidate outputs under the length-penalised score."""
+    config = CONFIG.replace(tgt_vocab_size=6, max_len=8, num_encoder_layers=1)
+    _, model, params = converted("transformer", seed=3, config=config)
+    src = np.array([[5, 9, 4, 7, 0, 0], [12, 3, 3, 8, 30, 2]])
+    eos, alpha, steps = 2, 0.6, 3
+    tokens, scores = beam_search(
+        model, params, src, beam_size=36, max_new_tokens=steps, bos_id=BOS, eos_id=eos,
+        alpha=alpha,
+    )  # fmt: skip
+    for row in range(len(src)):
+        # Every output: ends in EOS at length 1..3, or reaches length 3 without one.
+        outputs = [
+            list(p) + [eos] + [PAD] * (steps - 1 - len(p))
+            for n in range(steps)
+            for p in itertools.product(range(6), repeat=n)
+            if eos not in p
+        ] + [list(p) for p in itertools.product(range(6), repeat=steps) if eos not in p]
+        outputs = np.array(outputs)
+        logp, lengths = sequence_log_prob(
+            model, params, np.repeat(src[row : row + 1], len(outputs), 0), outputs, eos
+        )
+        brute = logp / np.asarray(length_penalty(jnp.asarray(lengths), alpha))
+        best = int(np.argmax(brute))
+        np.testing.assert_array_equal(tokens[row, 0], outputs[best])
+        np.testing.assert_allclose(scores[row, 0], brute[best], rtol=1e-5)
+        # The other beams are real, distinct candidates with their true scores, best first.
+        assert np.all(np.diff(np.asarray(scores[row])) <= 1e-6)
+        index = {tuple(o): i for i, o in enumerate(outputs.tolist())}
+        chosen = [index[tuple(t)] for t in np.asarray(tokens[row, :5]).tolist()]
+        assert len(set(chosen)) == 5
+        np.testing.assert_allclose(scores[row, :5], brute[chosen], rtol=1e-5)
+
+
+def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
+    model, params, prompts, eos, _ = lm
+    tokens, scores = lm_beam_search(
+        model, params, prompts, beam_size=3, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6
+    )
+    lengths = (prompts != PAD).sum(1)
+    for row, n in enumerate(lengths):
+        for beam in range(3):
+            new = np.asarray(tokens[row, beam])
+            count = int(np.argmax(new == eos)) + 1 if (new == eos).any() else N_NEW
+            full = np.concatenate([prompts[row, :n], new[:count]])[None]
+            logits = lm_logits(model, params, full[:, :-1])
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            picked = np.take_along_axis(np.asarray(logp[0]), full[0, 1:, None], axis=-1)
+            true_score = picked[n - 1 :].sum() / float(length_penalty(jnp.array(count), 0.6))
+            np.testing.assert_allclose(scores[row, beam], true_score, rtol=1e-5)
+            assert np.all(new[count:] == PAD)
+
+
+# --------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_is_reproducible_and_key_dependent(seq2seq):
+    model, params, src, eos, _ = seq2seq
+    kwargs = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, temperature=2.0)
+    first = sample_decode(model, params, src, rng=jax.random.key(7), **kwargs)
+    again = sample_decode(model, params, src, rng=jax.random.key(7), **kwargs)
+    other = sample_decode(model, params, src, rng=jax.random.key(8), **kwargs)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    for row in np.asarray(first):  # pad after the first EOS, as greedy
+        if (row == eos).any():
+            assert np.all(row[int(np.argmax(row == eos)) + 1 :] == PAD)
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(seq2seq, lm):
+    model, params, src, eos, expected = seq2seq
+    kwargs = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, rng=jax.random.key(0))
+    np.testing.assert_array_equal(sample_decode(model, params, src, top_k=1, **kwargs), expected)
+    np.testing.assert_array_equal(
+        sample_decode(model, params, src, top_p=1e-6, temperature=5.0, **kwargs), expected
+    )
+    model, params, prompts, eos, expected = lm
+    tokens = lm_sample_decode(
+        model, params, prompts, rng=jax.random.key(0), max_new_tokens=N_NEW, eos_id=eos, top_k=1
+    )
+    np.testing.assert_array_equal(tokens, expected)
+
+
+def test_sampled_tokens_respect_top_k_and_top_p(lm):
+    model, params, prompts, _, _ = lm
+    eos = CONFIG.tgt_vocab_size - 1
+    lengths = (prompts != PAD).sum(1)
+    for top_k, top_p in [(3, 1.0), (0, 0.5)]:
+        tokens = lm_sample_decode(
+            model, params, prompts, rng=jax.random.key(1), max_new_tokens=N_NEW, eos_id=eos,
+            temperature=3.0, top_k=top_k, top_p=top_p,
+        )  # fmt: skip
+        for row, n in enumerate(lengths):
+            new = np.asarray(tokens[row])
+            count = int(np.argmax(new == eos)) + 1 if (new == eos).any() else N_NEW
+            full = np.concatenate([prompts[row, :n], new[:count]])[None]
+            probs = np.asarray(jax.nn.softmax(lm_logits(model, params, full)[0] / 3.0))
+            for step in range(count):
+                p = probs[n - 1 + step]
+                rank = int((p > p[new[step]]).sum())  # tokens strictly more likely
+                if top_k:
+                    assert rank < top_k
+                else:  # the mass strictly above the sampled token is below top_p
+                    assert p[p > p[new[step]]].sum() < top_p
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_bad_arguments_give_clear_errors(seq2seq, lm):
+    model, params, src, eos, _ = seq2seq
+    with pytest.raises(ValueError, match="max_len"):
+        greedy_decode(model, params, src, max_new_tokens=CONFIG.max_len + 1, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_decode(model, params, src, max_new_tokens=0, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="src has length"):
+        greedy_decode(model, params, np.ones((1, 30), int), max_new_tokens=4, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="eos_id"):
+        greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=99)
+    with pytest.raises(ValueError, match="TransformerLM"):
+        lm_greedy_decode(model, params, src, max_new_tokens=4, eos_id=2)
+    with pytest.raises(ValueError, match="top_p"):
+        sample_decode(model, params, src, rng=jax.random.key(0), max_new_tokens=4, bos_id=1,
+                      eos_id=2, top_p=0.0)  # fmt: skip
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, params, src, beam_size=0, max_new_tokens=4, bos_id=1, eos_id=2)
+    model, params, prompts, eos, _ = lm
+    with pytest.raises(ValueError, match="exceeds the model's max_len"):
+        lm_greedy_decode(model, params, prompts, max_new_tokens=CONFIG.max_len, eos_id=2)
+    with pytest.raises(ValueError, match="every prompt needs"):
+        lm_greedy_decode(model, params, np.zeros((2, 3), int), max_new_tokens=4, eos_id=2)
+    with pytest.raises(ValueError, match="seq2seq"):
+        greedy_decode(model, params, prompts, max_new_tokens=4, bos_id=1, eos_id=2)
