@@ -188,23 +188,40 @@ def test_exhaustive_beam_finds_the_best_scored_sequence():
         np.testing.assert_allclose(scores[row, :5], brute[chosen], rtol=1e-5)
 
 
+def continuation_logits(model, params, prompts, lengths, new_tokens):
+    """Logits (R, N, V) predicting each of new_tokens (R, N) after its prompt, by one full
+    forward over every row at once (trailing pads are hidden by the causal mask)."""
+    width = prompts.shape[1] + new_tokens.shape[1]
+    full = np.zeros((len(new_tokens), width), np.int64)
+    for row, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        full[row, : n + new_tokens.shape[1]] = np.concatenate([prompt[:n], new_tokens[row]])
+    logits = np.asarray(lm_logits(model, params, full))
+    return np.stack([logits[r, n - 1 : n - 1 + new_tokens.shape[1]] for r, n in enumerate(lengths)])
+
+
+def new_count(row: np.ndarray, eos_id: int) -> int:
+    """How many tokens a row really produced: up to and including its first EOS."""
+    return int(np.argmax(row == eos_id)) + 1 if (row == eos_id).any() else len(row)
+
+
 def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
     model, params, prompts, eos, _ = lm
+    beams = 3
     tokens, scores = lm_beam_search(
-        model, params, prompts, beam_size=3, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6
+        model, params, prompts, beam_size=beams, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6
     )
-    lengths = (prompts != PAD).sum(1)
-    for row, n in enumerate(lengths):
-        for beam in range(3):
-            new = np.asarray(tokens[row, beam])
-            count = int(np.argmax(new == eos)) + 1 if (new == eos).any() else N_NEW
-            full = np.concatenate([prompts[row, :n], new[:count]])[None]
-            logits = lm_logits(model, params, full[:, :-1])
-            logp = jax.nn.log_softmax(logits, axis=-1)
-            picked = np.take_along_axis(np.asarray(logp[0]), full[0, 1:, None], axis=-1)
-            true_score = picked[n - 1 :].sum() / float(length_penalty(jnp.array(count), 0.6))
-            np.testing.assert_allclose(scores[row, beam], true_score, rtol=1e-5)
-            assert np.all(new[count:] == PAD)
+    tokens = np.asarray(tokens).reshape(-1, N_NEW)  # (B * beams, N)
+    lengths = np.repeat((prompts != PAD).sum(1), beams)
+    logp = jax.nn.log_softmax(
+        continuation_logits(model, params, np.repeat(prompts, beams, 0), lengths, tokens)
+    )
+    picked = np.take_along_axis(np.asarray(logp), tokens[..., None], axis=-1)[..., 0]
+    for row, new in enumerate(tokens):
+        count = new_count(new, eos)
+        true_score = picked[row, :count].sum() / float(length_penalty(jnp.array(count), 0.6))
+        np.testing.assert_allclose(scores.reshape(-1)[row], true_score, rtol=1e-5)
+        assert np.all(new[count:] == PAD)
+    assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # best first
 
 
 # --------------------------------------------------------------------------------- sampling
@@ -219,8 +236,7 @@ def test_sampling_is_reproducible_and_key_dependent(seq2seq):
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
     for row in np.asarray(first):  # pad after the first EOS, as greedy
-        if (row == eos).any():
-            assert np.all(row[int(np.argmax(row == eos)) + 1 :] == PAD)
+        assert np.all(row[new_count(row, eos) :] == PAD)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(seq2seq, lm):
@@ -246,18 +262,18 @@ def test_sampled_tokens_respect_top_k_and_top_p(lm):
             model, params, prompts, rng=jax.random.key(1), max_new_tokens=N_NEW, eos_id=eos,
             temperature=3.0, top_k=top_k, top_p=top_p,
         )  # fmt: skip
-        for row, n in enumerate(lengths):
-            new = np.asarray(tokens[row])
-            count = int(np.argmax(new == eos)) + 1 if (new == eos).any() else N_NEW
-            full = np.concatenate([prompts[row, :n], new[:count]])[None]
-            probs = np.asarray(jax.nn.softmax(lm_logits(model, params, full)[0] / 3.0))
-            for step in range(count):
-                p = probs[n - 1 + step]
-                rank = int((p > p[new[step]]).sum())  # tokens strictly more likely
+        tokens = np.asarray(tokens)
+        probs = np.asarray(
+            jax.nn.softmax(continuation_logits(model, params, prompts, lengths, tokens) / 3.0)
+        )
+        for row, new in enumerate(tokens):
+            for step in range(new_count(new, eos)):
+                p = probs[row, step]
+                more_likely = p > p[new[step]]
                 if top_k:
-                    assert rank < top_k
+                    assert more_likely.sum() < top_k
                 else:  # the mass strictly above the sampled token is below top_p
-                    assert p[p > p[new[step]]].sum() < top_p
+                    assert p[more_likely].sum() < top_p
 
 
 # ------------------------------------------------------------------------------ bad input
