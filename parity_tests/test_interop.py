@@ -21,7 +21,6 @@ from flax_transformer import interop
 from flax_transformer.interop import (
     ConversionError,
     NNTransformer,
-    NNTransformerDecoder,
     NNTransformerEncoder,
     from_torch,
     load_nn_transformer_state,
@@ -32,7 +31,7 @@ from flax_transformer.numerics import assert_close
 from torch_reference import load_numpy_state, state_dict_to_numpy
 
 F64 = dict(rtol=1e-12)
-EXAMPLES = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(autouse=True)
@@ -63,13 +62,17 @@ def run_torch(module: torch.nn.Module, fast: bool, *args, **kwargs) -> np.ndarra
 
 
 # ----------------------------------------------------------------------------- strategies
+# Shapes come from a small set (d_model 8, dim_feedforward 12, a few lengths): JAX compiles each
+# new shape once, so reusing them keeps the hypothesis runs fast. d_model != dim_feedforward.
+D_MODEL, D_FF, BATCH = 8, 12, 2
+
+
 @st.composite
 def layer_settings(draw) -> dict:
-    nhead = draw(st.sampled_from([1, 2, 4]))  # odd nhead: torch's fast path is off for it
     return dict(
-        d_model=nhead * draw(st.sampled_from([3, 4])),  # never equal to dim_feedforward
-        nhead=nhead,
-        dim_feedforward=draw(st.sampled_from([5, 7, 10])),
+        d_model=D_MODEL,
+        nhead=draw(st.sampled_from([1, 2, 4])),  # odd nhead: torch's fast path is off for it
+        dim_feedforward=D_FF,
         activation=draw(st.sampled_from(["relu", "gelu"])),
         layer_norm_eps=draw(st.sampled_from([1e-5, 1e-3, 0.5])),
         norm_first=draw(st.booleans()),
@@ -77,8 +80,13 @@ def layer_settings(draw) -> dict:
     )
 
 
-def random_mask(rng, kind: str | None, shape, *, fast_safe_float: bool = False):
-    """torch-convention mask: bool True = blocked (about 30%), or float added to the scores."""
+def random_mask(rng, kind: str | None, shape, *, fast: bool):
+    """torch-convention mask: bool True = blocked (about 30%), or float added to the scores.
+
+    For torch's fast path (fast=True) key 0 stays open and float masks hold only 0 / -inf: that
+    path gives NaN for a fully blocked query row and treats any non-zero float as blocked
+    (test_torch_fast_path_quirks); the regular path gets arbitrary masks.
+    """
     if kind is None:
         return None
     if kind == "causal_float":
@@ -86,13 +94,15 @@ def random_mask(rng, kind: str | None, shape, *, fast_safe_float: bool = False):
     if kind == "causal_bool":
         return np.triu(np.ones(shape, bool), k=1)
     blocked = rng.random(shape) < 0.3
+    if fast:
+        blocked[..., 0] = False
     if kind == "bool":
         return blocked
-    values = np.zeros(shape) if fast_safe_float else rng.standard_normal(shape)
+    values = np.zeros(shape) if fast else rng.standard_normal(shape)
     return np.where(blocked, -np.inf, values)
 
 
-def padding_mask(rng, batch: int, length: int, kind: str | None, *, fast_safe: bool):
+def padding_mask(rng, batch: int, length: int, kind: str | None, *, fast: bool):
     """(batch, length) key padding, True = padding, on the right (one real token at least)."""
     if kind is None:
         return None
@@ -101,8 +111,8 @@ def padding_mask(rng, batch: int, length: int, kind: str | None, *, fast_safe: b
     if kind == "bool":
         return padded
     # torch's fast path turns a float padding mask into nested tensors by `mask != 0`, so any
-    # non-zero entry counts as padding there: draw exact 0/-inf values for fast-path runs.
-    values = np.zeros(padded.shape) if fast_safe else 0.5 * rng.standard_normal(padded.shape)
+    # non-zero entry counts as padding there: exact 0/-inf values for fast-path runs.
+    values = np.zeros(padded.shape) if fast else 0.5 * rng.standard_normal(padded.shape)
     return np.where(padded, -np.inf, values)
 
 
@@ -113,7 +123,7 @@ def padding_mask(rng, batch: int, length: int, kind: str | None, *, fast_safe: b
     layers=layer_settings(),
     num_encoder_layers=st.integers(1, 2),
     num_decoder_layers=st.integers(1, 2),
-    sizes=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 4)),
+    sizes=st.tuples(st.sampled_from([1, 4]), st.sampled_from([1, 3])),
     src_mask=st.sampled_from([None, "bool", "float", "bool3d", "float3d"]),
     tgt_mask=st.sampled_from([None, "causal_float", "causal_bool", "float", "bool"]),
     memory_mask=st.sampled_from([None, "bool", "float"]),
@@ -136,8 +146,7 @@ def test_nn_transformer_parity(
 ):
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    batch, src_len, tgt_len = sizes
-    nhead = layers["nhead"]
+    (src_len, tgt_len), batch, nhead = sizes, BATCH, layers["nhead"]
     torch_model = torch.nn.Transformer(
         num_encoder_layers=num_encoder_layers,
         num_decoder_layers=num_decoder_layers,
@@ -158,22 +167,22 @@ def test_nn_transformer_parity(
 
     def attn_mask(kind, q_len, k_len):
         if kind is not None and kind.endswith("3d"):
-            return random_mask(rng, kind[:-2], (batch * nhead, q_len, k_len), fast_safe_float=False)
-        return random_mask(rng, kind, (q_len, k_len))
+            return random_mask(rng, kind[:-2], (batch * nhead, q_len, k_len), fast=fast)
+        return random_mask(rng, kind, (q_len, k_len), fast=fast)
 
     src = rng.standard_normal((batch, src_len, layers["d_model"]))
     tgt = rng.standard_normal((batch, tgt_len, layers["d_model"]))
-    src_key_padding = padding_mask(rng, batch, src_len, src_padding, fast_safe=fast)
+    src_key_padding = padding_mask(rng, batch, src_len, src_padding, fast=fast)
     masks = dict(
         src_mask=attn_mask(src_mask, src_len, src_len),
         tgt_mask=attn_mask(tgt_mask, tgt_len, tgt_len),
         memory_mask=attn_mask(memory_mask, tgt_len, src_len),
         src_key_padding_mask=src_key_padding,
-        tgt_key_padding_mask=padding_mask(rng, batch, tgt_len, tgt_padding, fast_safe=fast),
+        tgt_key_padding_mask=padding_mask(rng, batch, tgt_len, tgt_padding, fast=fast),
         # torch's fast path zeroes padded encoder positions: the decoder must not look at them
         # (as every real use does); the regular path also gets an independent memory mask.
         memory_key_padding_mask=(
-            src_key_padding if fast else padding_mask(rng, batch, src_len, "bool", fast_safe=False)
+            src_key_padding if fast else padding_mask(rng, batch, src_len, "bool", fast=False)
         ),
     )
     expected = run_torch(torch_model, fast, src, tgt, **masks)
@@ -188,17 +197,17 @@ def test_nn_transformer_parity(
     layers=layer_settings(),
     num_layers=st.integers(1, 3),
     final_norm=st.booleans(),
-    sizes=st.tuples(st.integers(1, 3), st.integers(1, 5)),
+    length=st.sampled_from([1, 4]),
     mask=st.sampled_from([None, "bool", "float", "causal_float"]),
     padding=st.sampled_from([None, "bool", "float"]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_transformer_encoder_stack_parity(
-    fast, layers, num_layers, final_norm, sizes, mask, padding, seed
+    fast, layers, num_layers, final_norm, length, mask, padding, seed
 ):
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    batch, length = sizes
+    batch = BATCH
     torch_layer = torch.nn.TransformerEncoderLayer(
         dropout=0.0, batch_first=True, dtype=torch.float64, **layers
     )
@@ -223,8 +232,8 @@ def test_transformer_encoder_stack_parity(
         **layers,
     )
     src = rng.standard_normal((batch, length, layers["d_model"]))
-    key_padding = padding_mask(rng, batch, length, padding, fast_safe=fast)
-    attn_mask = random_mask(rng, mask, (length, length))
+    key_padding = padding_mask(rng, batch, length, padding, fast=fast)
+    attn_mask = random_mask(rng, mask, (length, length), fast=fast)
     expected = run_torch(torch_stack, fast, src, attn_mask, key_padding)
     actual = np.asarray(module.apply(params, src, attn_mask, key_padding))
     if fast and key_padding is not None:
@@ -236,12 +245,12 @@ def test_transformer_encoder_stack_parity(
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["regular-path", "fast-path"])
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     layers=layer_settings(),
     num_layers=st.integers(1, 3),
     final_norm=st.booleans(),
-    sizes=st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 5)),
+    sizes=st.tuples(st.sampled_from([1, 3]), st.sampled_from([1, 4])),
     tgt_mask=st.sampled_from([None, "causal_bool", "causal_float", "float"]),
     memory_mask=st.sampled_from([None, "bool", "float"]),
     seed=st.integers(0, 2**31 - 1),
@@ -251,7 +260,7 @@ def test_transformer_decoder_stack_parity(
 ):
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    batch, tgt_len, src_len = sizes
+    (tgt_len, src_len), batch = sizes, BATCH
     torch_layer = torch.nn.TransformerDecoderLayer(
         dropout=0.0, batch_first=True, dtype=torch.float64, **layers
     )
@@ -270,10 +279,10 @@ def test_transformer_decoder_stack_parity(
     tgt = rng.standard_normal((batch, tgt_len, layers["d_model"]))
     memory = rng.standard_normal((batch, src_len, layers["d_model"]))
     masks = dict(
-        tgt_mask=random_mask(rng, tgt_mask, (tgt_len, tgt_len)),
-        memory_mask=random_mask(rng, memory_mask, (tgt_len, src_len)),
-        tgt_key_padding_mask=padding_mask(rng, batch, tgt_len, "bool", fast_safe=fast),
-        memory_key_padding_mask=padding_mask(rng, batch, src_len, "bool", fast_safe=fast),
+        tgt_mask=random_mask(rng, tgt_mask, (tgt_len, tgt_len), fast=fast),
+        memory_mask=random_mask(rng, memory_mask, (tgt_len, src_len), fast=fast),
+        tgt_key_padding_mask=padding_mask(rng, batch, tgt_len, "bool", fast=fast),
+        memory_key_padding_mask=padding_mask(rng, batch, src_len, "bool", fast=fast),
     )
     expected = run_torch(torch_stack, fast, tgt, memory, **masks)
     actual = module.apply(params, tgt, memory, **masks)
@@ -342,14 +351,35 @@ def test_fully_padded_sequence_is_defined():
     assert_close(out, run_torch(torch_model, True, src, tgt, **masks), **F64)
 
 
+def test_torch_fast_path_quirks_are_not_copied():
+    """Where PyTorch's fast path departs from its own regular path, this module follows the
+    regular path (torch's documented semantics): a query row with every key blocked gives NaN
+    on the fast path (here: zero attention), and the fast path treats any non-zero float mask
+    entry as blocked (here, as there on the regular path: added to the scores)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        8, 2, 12, dropout=0.0, batch_first=True, dtype=torch.float64
+    )
+    stack = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    module, params = from_torch(stack)
+    rng = np.random.default_rng(6)
+    src = rng.standard_normal((2, 4, 8))
+    row_blocked = np.zeros((4, 4), bool)
+    row_blocked[0] = True  # query 0 may see no key
+    for mask in (row_blocked, rng.standard_normal((4, 4))):
+        ours = module.apply(params, src, mask)
+        assert_close(ours, run_torch(stack, False, src, mask), **F64, what="regular path")
+        assert np.isnan(run_torch(stack, True, src, mask)).any()
+
+
 # ----------------------------------------------------------------------------- layouts
 def test_batch_first_false_and_unbatched_inputs():
     torch_model = small_transformer(batch_first=False, activation="gelu")
     module, params = from_torch(torch_model)
     assert not module.batch_first
     rng = np.random.default_rng(2)
-    src, tgt = rng.standard_normal((5, 2, 8)), rng.standard_normal((3, 2, 8))  # (len, N, E)
-    padding = np.array([[False] * 5, [False] * 2 + [True] * 3])
+    src, tgt = rng.standard_normal((4, 2, 8)), rng.standard_normal((3, 2, 8))  # (len, N, E)
+    padding = np.array([[False] * 4, [False] * 2 + [True] * 2])
     tgt_mask = np.asarray(interop.generate_square_subsequent_mask(3, jnp.float64))
     kwargs = dict(tgt_mask=tgt_mask, src_key_padding_mask=padding)
     expected = run_torch(torch_model, False, src, tgt, **kwargs)
@@ -366,10 +396,10 @@ def test_jit_and_float32():
     module, params = from_torch(torch_model)
     assert module.dtype == "float32"
     rng = np.random.default_rng(3)
-    src = rng.standard_normal((2, 5, 8)).astype(np.float32)
-    tgt = rng.standard_normal((2, 4, 8)).astype(np.float32)
-    tgt_mask = np.asarray(interop.generate_square_subsequent_mask(4))
-    padding = np.array([[False] * 5, [False] * 4 + [True]])
+    src = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    tgt = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    tgt_mask = np.asarray(interop.generate_square_subsequent_mask(3))
+    padding = np.array([[False] * 4, [False] * 3 + [True]])
 
     @jax.jit
     def forward(params, src, tgt, tgt_mask, padding):
@@ -402,11 +432,11 @@ def test_dropout_only_when_not_deterministic():
     module, params = from_torch(torch_model)
     assert module.dropout == 0.3
     rng = np.random.default_rng(4)
-    src, tgt = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8))
+    src, tgt = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 3, 8))
     assert_close(module.apply(params, src, tgt), run_torch(torch_model, False, src, tgt), **F64)
-    dropped = module.apply(
-        params, src, tgt, deterministic=False, rngs={"dropout": jax.random.key(0)}
-    )
+    # an RngBitGenerator key: its kernels compile in a fraction of threefry's time
+    rng = jax.random.key(0, impl="unsafe_rbg")
+    dropped = module.apply(params, src, tgt, deterministic=False, rngs={"dropout": rng})
     assert np.all(np.isfinite(np.asarray(dropped)))
     assert not np.allclose(dropped, module.apply(params, src, tgt))
 
@@ -444,7 +474,7 @@ def test_flax_params_run_in_torch():
     module = NNTransformer(
         d_model=8,
         nhead=2,
-        num_encoder_layers=1,
+        num_encoder_layers=2,
         num_decoder_layers=2,
         dim_feedforward=12,
         activation="gelu",
@@ -453,7 +483,7 @@ def test_flax_params_run_in_torch():
         param_dtype="float64",
     )
     rng = np.random.default_rng(5)
-    src, tgt = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8))
+    src, tgt = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 3, 8))
     params = module.init(jax.random.key(0), src, tgt)
     torch_model = small_transformer(num_decoder_layers=2, activation="gelu", norm_first=True)
     load_numpy_state(torch_model, to_nn_transformer_state(params, module))
@@ -499,7 +529,7 @@ def test_to_state_is_strict():
     with pytest.raises(ConversionError) as err:
         to_nn_transformer_state({"params": tree}, module)
     message = str(err.value)
-    assert "3 problem(s)" in message and "'encoder/layers_0/norm1/scale'" in message
+    assert "4 problem(s)" in message and "'encoder/layers_0/norm1/scale'" in message
     assert "missing param 'decoder/norm/scale'" in message
     assert "unexpected param 'extra/kernel'" in message
 
@@ -534,7 +564,7 @@ def test_bad_masks_are_rejected(attn_mask, padding, message):
 
 def test_bad_calls_are_rejected():
     module, params = from_torch(small_transformer())
-    src, tgt = np.zeros((2, 5, 8)), np.zeros((2, 3, 8))
+    src, tgt = np.zeros((2, 4, 8)), np.zeros((2, 3, 8))
     with pytest.raises(ValueError, match="tgt_is_causal=True needs tgt_mask"):
         module.apply(params, src, tgt, tgt_is_causal=True)
     with pytest.raises(ValueError, match="batch number of src and tgt must be equal"):
@@ -542,7 +572,7 @@ def test_bad_calls_are_rejected():
     with pytest.raises(ValueError, match="feature size of src"):
         module.apply(params, src[..., :4], tgt)
     with pytest.raises(ValueError, match="src_key_padding_mask of shape"):
-        module.apply(params, src, tgt, src_key_padding_mask=np.zeros((2, 4), bool))
+        module.apply(params, src, tgt, src_key_padding_mask=np.zeros((2, 5), bool))
 
 
 def test_from_torch_rejects_what_it_cannot_express():
