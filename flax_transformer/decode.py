@@ -8,7 +8,7 @@ is *forced*: its prompt token is fed instead of a chosen one. So a ragged batch 
 as each example would alone.
 
 Outputs are the `max_new_tokens` tokens after each prompt, int32 (batch, max_new_tokens): the
-first EOS is kept, everything after it is pad.
+first EOS is kept, everything after it is pad. `eos_id=None` never stops early (benchmarks).
 
 With the cache (default) the decoder's self-attention keys/values are cached per layer and the
 cross-attention keys/values of the encoder output are computed once (see MultiHeadAttention).
@@ -365,11 +365,11 @@ def _search(model, params, prompt, lengths, src, src_mask, rng, settings: _Setti
     return _greedy_or_sample(stepper, prompt, lengths, rng, settings)
 
 
-def _check_common(model, max_new_tokens: int, eos_id: int) -> None:
+def _check_common(model, max_new_tokens: int, eos_id: int | None) -> None:
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     vocab = model.config.tgt_vocab_size
-    if not 0 <= eos_id < vocab:
+    if eos_id is not None and not 0 <= eos_id < vocab:
         raise ValueError(f"eos_id {eos_id} is outside the target vocabulary (size {vocab})")
 
 
@@ -434,7 +434,7 @@ def _settings(model, prefix_len, max_new_tokens, eos_id, **kwargs) -> _Settings:
     return _Settings(
         max_new_tokens=int(max_new_tokens),
         prefix_len=prefix_len,
-        eos_id=int(eos_id),
+        eos_id=-1 if eos_id is None else int(eos_id),  # None: no EOS, always max_new_tokens
         pad_id=model.config.pad_id,
         **kwargs,
     )
@@ -468,7 +468,7 @@ def greedy_decode(
     *,
     max_new_tokens: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     src_mask=None,
     use_cache: bool = True,
 ) -> jax.Array:
@@ -492,7 +492,7 @@ def sample_decode(
     rng: jax.Array,
     max_new_tokens: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -518,7 +518,7 @@ def beam_search(
     beam_size: int,
     max_new_tokens: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     alpha: float = 0.6,
     src_mask=None,
     use_cache: bool = True,
@@ -534,7 +534,7 @@ def beam_search(
 
 
 def lm_greedy_decode(
-    model, params, prompts, lengths=None, *, max_new_tokens: int, eos_id: int, use_cache=True
+    model, params, prompts, lengths=None, *, max_new_tokens: int, eos_id: int | None, use_cache=True
 ) -> jax.Array:
     """Greedy continuation of right-padded prompts (B, P) (each starting with BOS) by a
     TransformerLM. lengths (B,) defaults to the count of non-pad tokens. Returns int32
@@ -552,7 +552,7 @@ def lm_sample_decode(
     *,
     rng: jax.Array,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | None,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -573,7 +573,7 @@ def lm_beam_search(
     *,
     beam_size: int,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | None,
     alpha: float = 0.6,
     use_cache: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
