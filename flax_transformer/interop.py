@@ -166,52 +166,9 @@ class _Layout:
 # ----------------------------------------------------------------------------- modules
 
 
-def nn_config(
-    *,
-    d_model: int,
-    nhead: int,
-    num_encoder_layers: int,
-    num_decoder_layers: int,
-    dim_feedforward: int,
-    dropout: float,
-    activation: str,
-    layer_norm_eps: float,
-    norm_first: bool,
-    bias: bool,
-    final_norm: bool,
-    dtype: str,
-    param_dtype: str,
-) -> TransformerConfig:
-    """The project's TransformerConfig for torch.nn.Transformer's constructor arguments."""
-    if not isinstance(activation, str):
-        raise ValueError(
-            f"activation must be 'relu' or 'gelu' (a name, not a callable), got {activation!r}"
-        )
-    return TransformerConfig(
-        d_model=d_model,
-        num_heads=nhead,
-        num_encoder_layers=num_encoder_layers,
-        num_decoder_layers=num_decoder_layers,
-        d_ff=dim_feedforward,
-        dropout_rate=dropout,
-        attention_dropout_rate=dropout,  # nn.MultiheadAttention's dropout is the same rate
-        activation=activation,
-        layer_norm_eps=layer_norm_eps,
-        norm_first=norm_first,
-        use_bias=bias,
-        final_norm=final_norm,
-        dtype=dtype,
-        param_dtype=param_dtype,
-    )
-
-
-class NNTransformerEncoder(nn.Module):
-    """torch.nn.TransformerEncoder(TransformerEncoderLayer(d_model, nhead, ...), num_layers,
-    norm=LayerNorm(d_model) if final_norm else None).
-
-    Call: (src, mask=None, src_key_padding_mask=None, is_causal=None) with torch's masks.
-    Params: layers_{i}/{self_attn,norm1,ffn,norm2}, norm (when final_norm).
-    """
+class _NNStack(nn.Module):
+    """Fields shared by the two stacks: TransformerEncoderLayer / TransformerDecoderLayer's
+    constructor arguments, the layer count and whether a final LayerNorm follows."""
 
     num_layers: int = 6
     d_model: int = 512
@@ -223,27 +180,44 @@ class NNTransformerEncoder(nn.Module):
     batch_first: bool = True
     norm_first: bool = False
     bias: bool = True
-    final_norm: bool = False  # torch's `norm` argument: a final LayerNorm or None
+    final_norm: bool = False  # torch's `norm` argument: LayerNorm(d_model) or None
     dtype: str = "float32"
     param_dtype: str = "float32"
 
     @property
     def config(self) -> TransformerConfig:
-        return nn_config(
+        """The project's TransformerConfig for these torch.nn constructor arguments."""
+        if not isinstance(self.activation, str):
+            raise ValueError(
+                "activation must be 'relu' or 'gelu' (a name, not a callable), "
+                f"got {self.activation!r}"
+            )
+        is_encoder = isinstance(self, NNTransformerEncoder)
+        return TransformerConfig(
             d_model=self.d_model,
-            nhead=self.nhead,
-            num_encoder_layers=self.num_layers,
-            num_decoder_layers=0,
-            dim_feedforward=self.dim_feedforward,
-            dropout=self.dropout,
+            num_heads=self.nhead,
+            num_encoder_layers=self.num_layers if is_encoder else 0,
+            num_decoder_layers=0 if is_encoder else self.num_layers,
+            d_ff=self.dim_feedforward,
+            dropout_rate=self.dropout,
+            attention_dropout_rate=self.dropout,  # nn.MultiheadAttention's dropout: same rate
             activation=self.activation,
             layer_norm_eps=self.layer_norm_eps,
             norm_first=self.norm_first,
-            bias=self.bias,
+            use_bias=self.bias,
             final_norm=self.final_norm,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
         )
+
+
+class NNTransformerEncoder(_NNStack):
+    """torch.nn.TransformerEncoder(TransformerEncoderLayer(d_model, nhead, ...), num_layers,
+    norm=LayerNorm(d_model) if final_norm else None).
+
+    Call: (src, mask=None, src_key_padding_mask=None, is_causal=None) with torch's masks.
+    Params: layers_{i}/{self_attn,norm1,ffn,norm2}, norm (when final_norm).
+    """
 
     def setup(self):
         self.stack = Encoder(self.config)
@@ -274,7 +248,7 @@ class NNTransformerEncoder(nn.Module):
         return src.back(self.stack(src.x, attention_mask, deterministic=deterministic))
 
 
-class NNTransformerDecoder(nn.Module):
+class NNTransformerDecoder(_NNStack):
     """torch.nn.TransformerDecoder(TransformerDecoderLayer(d_model, nhead, ...), num_layers,
     norm=LayerNorm(d_model) if final_norm else None).
 
@@ -282,38 +256,6 @@ class NNTransformerDecoder(nn.Module):
     memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False).
     Params: layers_{i}/{self_attn,norm1,cross_attn,norm2,ffn,norm3}, norm (when final_norm).
     """
-
-    num_layers: int = 6
-    d_model: int = 512
-    nhead: int = 8
-    dim_feedforward: int = 2048
-    dropout: float = 0.1
-    activation: str = "relu"
-    layer_norm_eps: float = 1e-5
-    batch_first: bool = True
-    norm_first: bool = False
-    bias: bool = True
-    final_norm: bool = False
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-
-    @property
-    def config(self) -> TransformerConfig:
-        return nn_config(
-            d_model=self.d_model,
-            nhead=self.nhead,
-            num_encoder_layers=0,
-            num_decoder_layers=self.num_layers,
-            dim_feedforward=self.dim_feedforward,
-            dropout=self.dropout,
-            activation=self.activation,
-            layer_norm_eps=self.layer_norm_eps,
-            norm_first=self.norm_first,
-            bias=self.bias,
-            final_norm=self.final_norm,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
 
     def setup(self):
         self.stack = Decoder(self.config)

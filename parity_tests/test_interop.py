@@ -547,6 +547,9 @@ def test_mask_conversion():
     expected = bias[None, None] + np.where(padding, -np.inf, 0.0)[:, None, None, :]
     np.testing.assert_array_equal(added, expected)
     assert torch_attention_mask(None, None, **common) is None
+    ours = NNTransformer.generate_square_subsequent_mask(4, jnp.float64)
+    theirs = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+    np.testing.assert_array_equal(ours, theirs.numpy())
 
 
 @pytest.mark.parametrize(
