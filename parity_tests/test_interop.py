@@ -7,6 +7,7 @@ fast path on and off; weights round-trip bit-exact; the loaders are strict.
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 
 import jax
@@ -584,3 +585,14 @@ def test_from_torch_rejects_what_it_cannot_express():
         from_torch(torch.nn.TransformerEncoder(tanh_gelu, 1, enable_nested_tensor=False))
     with pytest.raises(TypeError, match="from_torch takes"):
         from_torch(torch.nn.Linear(2, 2))
+
+
+def test_cli_check(capsys):
+    small = "--d-model 8 --nhead 2 --num-encoder-layers 2 --num-decoder-layers 1 "
+    small += "--dim-feedforward 12 --batch 2 --src-len 4 --tgt-len 3 --dtype float64"
+    assert interop.main(small.split()) == 0
+    report = json.loads(capsys.readouterr().out)
+    for path in ("regular_path", "fast_path"):
+        assert report[path]["relative_error"] <= 1e-12, report
+    assert interop.main(["--d-model", "10", "--nhead", "4"]) == 1
+    assert "invalid nn.Transformer settings" in capsys.readouterr().err
