@@ -1,0 +1,100 @@
+"""Orbax checkpoints of a TrainState plus the data loader's position.
+
+Each step directory holds three items: `params`, `opt_state` (array trees) and `meta` (JSON:
+step, rng, loader position). Orbax writes into a temporary directory and renames it when
+complete, so a run killed mid-save leaves the previous checkpoints intact; `max_to_keep` prunes
+old ones. Arrays are copied to host memory before an (asynchronous) save, because the train
+step donates, and so overwrites, the device buffers of the state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from .training import TrainState
+
+ITEMS = ("params", "opt_state", "meta")
+
+
+def _host_copy(tree):
+    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=create, cleanup_tmp_directories=True
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                "params": ocp.StandardCheckpointHandler(),
+                "opt_state": ocp.StandardCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, state: TrainState, loader_state: dict[str, int] | None = None) -> int:
+        step = int(state.step)
+        meta = {
+            "step": step,
+            "rng": np.asarray(state.rng).tolist(),
+            "loader": loader_state or {},
+        }
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(_host_copy(state.params)),
+                opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
+                meta=ocp.args.JsonSave(meta),
+            ),
+        )
+        return step
+
+    def restore(self, abstract_state: TrainState, step: int | None = None):
+        """(TrainState, loader position) of `step` (default: the latest)."""
+        step = self.latest_step() if step is None else step
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_state.params),
+                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        meta = restored["meta"]
+        rng_dtype = abstract_state.rng.dtype
+        state = TrainState(
+            step=jax.numpy.asarray(meta["step"], jax.numpy.int32),
+            params=restored["params"],
+            opt_state=restored["opt_state"],
+            rng=jax.numpy.asarray(np.array(meta["rng"], dtype=rng_dtype)),
+        )
+        return state, meta["loader"]
+
+    def restore_params(self, abstract_params: Any, step: int | None = None):
+        step = self.latest_step() if step is None else step
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+        )
+        return restored["params"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,296 @@
+"""Data: built-in tasks, TSV corpora, LM text, and a deterministic bucketing batch loader.
+
+Sequence conventions (byte tokenizer default, pad=0, bos=1, eos=2):
+  seq2seq: src = encode(source) + [eos]; tgt_in = [bos] + encode(target);
+           tgt_out = encode(target) + [eos]
+  LM:      tokens = [bos] + encode(text) + [eos]; tgt_in = tokens[:-1]; tgt_out = tokens[1:]
+Batches are dicts of int32 numpy arrays padded with pad_id: seq2seq {"src", "tgt_in",
+"tgt_out"}, LM {"tgt_in", "tgt_out"}, all (batch, bucket_len).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+TASKS = ("copy", "reverse", "sort")
+LONG_POLICIES = ("skip", "truncate", "error")
+
+
+class DataError(ValueError):
+    """Bad training data; the message names the file and line."""
+
+
+# ----------------------------------------------------------------------------- raw text
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    source: str
+    target: str
+    where: str  # "file:line" or "task:index", for messages
+
+
+def task_target(task: str, source: str) -> str:
+    if task == "copy":
+        return source
+    if task == "reverse":
+        return source[::-1]
+    if task == "sort":
+        return "".join(sorted(source))
+    raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+
+
+def generate_task(
+    task: str,
+    num: int,
+    seed: int,
+    min_len: int,
+    max_len: int,
+    alphabet: str = string.ascii_lowercase,
+) -> list[Pair]:
+    """`num` random strings over `alphabet` with lengths in [min_len, max_len], and targets."""
+    if not 1 <= min_len <= max_len:
+        raise DataError(f"task lengths need 1 <= min_len <= max_len, got {min_len}..{max_len}")
+    task_target(task, "")  # validates the name
+    rng = np.random.default_rng(seed)
+    letters = np.array(list(alphabet))
+    lengths = rng.integers(min_len, max_len + 1, size=num)
+    pairs = []
+    for i, length in enumerate(lengths):
+        source = "".join(rng.choice(letters, size=length))
+        pairs.append(Pair(source, task_target(task, source), f"{task}:{i}"))
+    return pairs
+
+
+def held_out(pairs: list[Pair], train: list[Pair]) -> list[Pair]:
+    """`pairs` without sources seen in training and without repeats: a true held-out set."""
+    seen = {p.source for p in train}
+    kept = []
+    for pair in pairs:
+        if pair.source not in seen:
+            seen.add(pair.source)
+            kept.append(pair)
+    return kept
+
+
+def _read_lines(path: str | Path, what: str) -> list[str]:
+    """Lines of a UTF-8 file, with errors that name the file and line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{what} {path}: cannot read ({err.strerror or err})") from None
+    if not raw.strip():
+        raise DataError(f"{what} {path}: the file is empty")
+    lines = raw.split(b"\n")
+    texts = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            texts.append(line.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{what} {path} line {number}: not valid UTF-8 "
+                f"(byte 0x{line[err.start]:02x} at column {err.start + 1})"
+            ) from None
+    return texts
+
+
+def read_tsv(path: str | Path) -> list[Pair]:
+    """One `source<TAB>target` pair per line; blank lines are skipped."""
+    pairs = []
+    for number, line in enumerate(_read_lines(path, "TSV file"), start=1):
+        if not line.strip():
+            continue
+        if line.count("\t") != 1:
+            problem = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
+            raise DataError(
+                f"TSV file {path} line {number}: {problem}; expected exactly one "
+                f"'source<TAB>target' pair per line, got {line[:60]!r}"
+            )
+        source, target = line.split("\t")
+        if not source.strip() or not target.strip():
+            side = "source" if not source.strip() else "target"
+            raise DataError(f"TSV file {path} line {number}: empty {side}")
+        pairs.append(Pair(source, target, f"{path}:{number}"))
+    if not pairs:
+        raise DataError(f"TSV file {path}: no pairs found")
+    return pairs
+
+
+def read_text_lines(path: str | Path) -> list[Pair]:
+    """Non-blank lines of a text file as LM documents (target only)."""
+    docs = [
+        Pair("", line, f"{path}:{number}")
+        for number, line in enumerate(_read_lines(path, "text file"), start=1)
+        if line.strip()
+    ]
+    if not docs:
+        raise DataError(f"text file {path}: no non-blank lines")
+    return docs
+
+
+# ----------------------------------------------------------------------------- encoding
+@dataclasses.dataclass
+class Dataset:
+    """Encoded examples (lists of int32 arrays) and the text they came from."""
+
+    tgt_in: list[np.ndarray]
+    tgt_out: list[np.ndarray]
+    src: list[np.ndarray] | None  # None for the decoder-only LM
+    pairs: list[Pair]
+
+    def __len__(self) -> int:
+        return len(self.tgt_in)
+
+    @property
+    def is_lm(self) -> bool:
+        return self.src is None
+
+    def lengths(self) -> np.ndarray:
+        """Per example, the longest of its sequences (what its bucket must hold)."""
+        tgt = np.array([len(t) for t in self.tgt_in])
+        if self.src is None:
+            return tgt
+        return np.maximum(tgt, np.array([len(s) for s in self.src]))
+
+
+def encode_pairs(pairs: list[Pair], tokenizer, max_len: int, on_long: str = "skip") -> Dataset:
+    """Seq2seq examples. A sequence longer than max_len (eos/bos included) is skipped, truncated
+    or an error, by `on_long`; skipping or truncating warns once with the count and first lines."""
+    if on_long not in LONG_POLICIES:
+        raise ValueError(f"on_long must be one of {LONG_POLICIES}, got {on_long!r}")
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    src, tgt_in, tgt_out, kept, long = [], [], [], [], []
+    for pair in pairs:
+        s, t = tokenizer.encode(pair.source), tokenizer.encode(pair.target)
+        if max(len(s), len(t)) + 1 > max_len:
+            long.append(pair.where)
+            if on_long == "error":
+                raise DataError(
+                    f"{pair.where}: pair of {len(s)} + {len(t)} tokens does not fit max_len "
+                    f"{max_len} (with bos/eos); raise --max-len or pass --on-long skip|truncate"
+                )
+            if on_long == "skip":
+                continue
+            s, t = s[: max_len - 1], t[: max_len - 1]
+        src.append(np.array(s + [eos], np.int32))
+        tgt_in.append(np.array([bos] + t, np.int32))
+        tgt_out.append(np.array(t + [eos], np.int32))
+        kept.append(pair)
+    if long:
+        action = "skipped" if on_long == "skip" else "truncated"
+        warnings.warn(
+            f"{len(long)} pair(s) longer than max_len {max_len} were {action} "
+            f"(first: {', '.join(long[:3])})",
+            stacklevel=2,
+        )
+    if not kept:
+        raise DataError(f"no pair fits max_len {max_len}; raise --max-len")
+    return Dataset(tgt_in, tgt_out, src, kept)
+
+
+def encode_documents(docs: list[Pair], tokenizer, max_len: int) -> Dataset:
+    """LM examples; a document longer than max_len is cut into consecutive windows."""
+    tgt_in, tgt_out, kept = [], [], []
+    for doc in docs:
+        tokens = [tokenizer.bos_id] + tokenizer.encode(doc.target) + [tokenizer.eos_id]
+        for start in range(0, len(tokens) - 1, max_len):
+            window = tokens[start : start + max_len + 1]
+            tgt_in.append(np.array(window[:-1], np.int32))
+            tgt_out.append(np.array(window[1:], np.int32))
+            kept.append(doc)
+    return Dataset(tgt_in, tgt_out, None, kept)
+
+
+# ----------------------------------------------------------------------------- batching
+def bucket_boundaries(max_len: int, smallest: int = 8) -> list[int]:
+    """Padded lengths batches may have: 8, 16, 24, 32, 48, 64, 96, ... up to max_len.
+
+    Few shapes means few jit compilations; steps of 1.5x bound the padding waste."""
+    bounds, length = [], smallest
+    while length < max_len:
+        bounds.append(length)
+        length = max(length + 8, int(length * 1.5) // 8 * 8)
+    bounds.append(max_len)
+    return bounds
+
+
+def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: int = 0):
+    """Rows `indices` padded to (batch_size, length); missing rows are all padding (weight 0)."""
+
+    def stack(seqs):
+        out = np.full((batch_size, length), pad_id, np.int32)
+        for row, i in enumerate(indices):
+            out[row, : len(seqs[i])] = seqs[i]
+        return out
+
+    batch = {"tgt_in": stack(dataset.tgt_in), "tgt_out": stack(dataset.tgt_out)}
+    if dataset.src is not None:
+        batch["src"] = stack(dataset.src)
+    return batch
+
+
+def plan_batches(dataset: Dataset, batch_size: int, max_len: int, rng=None):
+    """[(bucket_len, example indices)] covering every example once.
+
+    With `rng`, examples are shuffled before bucketing and batches are shuffled after; without,
+    the order is fixed (evaluation)."""
+    bounds = np.array(bucket_boundaries(max_len))
+    lengths = dataset.lengths()
+    buckets = bounds[np.searchsorted(bounds, lengths)]
+    order = rng.permutation(len(dataset)) if rng is not None else np.arange(len(dataset))
+    plan = []
+    for bucket in np.unique(buckets):
+        members = order[buckets[order] == bucket]
+        for start in range(0, len(members), batch_size):
+            plan.append((int(bucket), members[start : start + batch_size]))
+    if rng is not None:
+        plan = [plan[i] for i in rng.permutation(len(plan))]
+    return plan
+
+
+class BatchLoader:
+    """Endless shuffled batches, deterministic from (seed, epoch).
+
+    Its position {"epoch", "index"} is all a checkpoint needs to continue exactly: an epoch's
+    plan is recomputed from the seed."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0):
+        self.dataset, self.batch_size, self.max_len = dataset, batch_size, max_len
+        self.seed, self.pad_id = seed, pad_id
+        self.epoch, self.index = 0, 0
+        self._plan_epoch, self._plan = None, []
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+    def _epoch_plan(self):
+        if self._plan_epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._plan = plan_batches(self.dataset, self.batch_size, self.max_len, rng)
+            self._plan_epoch = self.epoch
+        return self._plan
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.index >= len(self._epoch_plan()):
+            self.epoch, self.index = self.epoch + 1, 0
+        length, indices = self._epoch_plan()[self.index]
+        self.index += 1
+        return make_batch(self.dataset, indices, length, self.batch_size, self.pad_id)
+
+
+def eval_batches(dataset: Dataset, batch_size: int, max_len: int, pad_id: int = 0):
+    """[(indices, batch)] over the whole set once, in a fixed order."""
+    return [
+        (indices, make_batch(dataset, indices, length, batch_size, pad_id))
+        for length, indices in plan_batches(dataset, batch_size, max_len)
+    ]

@@ -1,0 +1,81 @@
+"""Pictures a person would rather look at than read: training curves and attention heatmaps.
+
+matplotlib with the Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_curves(records: list[dict], path: str | Path) -> Path:
+    """Loss (train and valid) and token accuracy against step, from metrics.jsonl records."""
+    train = [r for r in records if r.get("kind") == "train"]
+    valid = [r for r in records if r.get("kind") == "eval"]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    if train:
+        ax_loss.plot([r["step"] for r in train], [r["train_loss"] for r in train], label="train")
+    if valid:
+        steps = [r["step"] for r in valid]
+        ax_loss.plot(steps, [r["valid_loss"] for r in valid], "o-", label="valid")
+        ax_acc.plot(steps, [r["token_accuracy"] for r in valid], "o-", label="token accuracy")
+        decoded = [r for r in valid if "exact_match" in r]
+        if decoded:
+            ax_acc.plot(
+                [r["step"] for r in decoded],
+                [r["exact_match"] for r in decoded],
+                "s",
+                label="exact match (greedy)",
+            )
+    ax_loss.set(xlabel="step", ylabel="loss (label smoothing constant removed)", title="Loss")
+    ax_loss.set_yscale("symlog", linthresh=0.01)
+    ax_acc.set(xlabel="step", ylabel="fraction", title="Validation accuracy", ylim=(0, 1.02))
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_attention(
+    maps: list[np.ndarray],
+    src_labels: list[str],
+    tgt_labels: list[str],
+    path: str | Path,
+    max_heads: int = 4,
+) -> Path:
+    """Heatmap grid: one row per layer, up to `max_heads` heads per row.
+
+    maps: per layer (heads, tgt_len, src_len); rows are target (query) tokens."""
+    heads = min(max_heads, maps[0].shape[0])
+    cell = 0.25
+    width = max(3.0, cell * len(src_labels) + 1.5)
+    height = max(2.5, cell * len(tgt_labels) + 1.0)
+    fig, axes = plt.subplots(
+        len(maps), heads, figsize=(width * heads, height * len(maps)), squeeze=False
+    )
+    for layer, weights in enumerate(maps):
+        for head in range(heads):
+            ax = axes[layer][head]
+            ax.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(src_labels)), src_labels, fontsize=7, rotation=90)
+            ax.set_yticks(range(len(tgt_labels)), tgt_labels, fontsize=7)
+            ax.set_title(f"layer {layer} head {head}", fontsize=9)
+            if head == 0:
+                ax.set_ylabel("target (query)")
+            if layer == len(maps) - 1:
+                ax.set_xlabel("source (key)")
+    fig.suptitle("Cross-attention of one validation example")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

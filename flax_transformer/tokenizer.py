@@ -1,0 +1,109 @@
+"""Tokenizers: byte-level UTF-8 (the default, any language) and subword BPE (HF `tokenizers`).
+
+Both reserve the same special ids: pad=0, bos=1, eos=2. `decode` drops them. Saved as one JSON
+file: the byte tokenizer as a tiny description, BPE as the HF `tokenizer.json` itself (so HF tools
+read it too); `load_tokenizer` tells them apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2 in both tokenizers
+BYTE_TOKENIZER_TYPE = "byte_utf8"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past the specials: byte b -> id b + 3; vocab_size 259."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+    offset = len(SPECIAL_TOKENS)
+    vocab_size = 256 + offset
+    kind = "byte"
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8")]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Specials dropped; a byte sequence cut inside a character decodes to U+FFFD."""
+        data = bytes(int(i) - self.offset for i in ids if self.offset <= int(i) < self.vocab_size)
+        return data.decode("utf-8", errors="replace")
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """One printable label per id (for attention plots)."""
+        labels = []
+        for i in ids:
+            i = int(i)
+            if i < self.offset:
+                labels.append(SPECIAL_TOKENS[i])
+            else:
+                char = bytes([i - self.offset]).decode("utf-8", errors="replace")
+                labels.append(char if char.isprintable() else f"\\x{i - self.offset:02x}")
+        return labels
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"type": BYTE_TOKENIZER_TYPE, "specials": SPECIAL_TOKENS}))
+
+
+class BPETokenizer:
+    """Byte-level BPE trained with HF `tokenizers`: no unknown tokens, any UTF-8 text."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer):
+        self._tok = hf_tokenizer
+        for expected_id, token in enumerate(SPECIAL_TOKENS):
+            if hf_tokenizer.token_to_id(token) != expected_id:
+                raise ValueError(f"BPE tokenizer must map {token} to id {expected_id}")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        return [self.decode([i]) or (self._tok.id_to_token(int(i)) or "?") for i in ids]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self._tok.to_str())
+
+
+def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
+    """Read a tokenizer saved by either class's `save`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read tokenizer file {path}: {err}") from None
+    if isinstance(data, dict) and data.get("type") == BYTE_TOKENIZER_TYPE:
+        return ByteTokenizer()
+    if isinstance(data, dict) and "model" in data:
+        from tokenizers import Tokenizer
+
+        return BPETokenizer(Tokenizer.from_str(text))
+    raise ValueError(f"{path}: not a tokenizer file written by this project")

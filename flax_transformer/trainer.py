@@ -1,0 +1,270 @@
+"""The training loop behind train.py: steps, evaluation, checkpoints, metrics and results.
+
+`run_training(job)` trains (or resumes) one run in `job.workdir` and returns results.json's
+content. The workdir already holds config.json, run.json and tokenizer.json (train.py writes
+them); this module adds checkpoints/, metrics.jsonl, the PNGs, results.json and the exported
+weights (flax_params.safetensors, torch_model.safetensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from .checkpoint import Checkpointer
+from .config import TransformerConfig
+from .convert import flax_to_torch_state, save_flax_params, save_torch_state
+from .data import BatchLoader, Dataset, eval_batches
+from .evaluation import cross_attention_maps, evaluate_decoding, evaluate_loss
+from .plots import plot_attention, plot_curves
+from .training import (
+    TrainState,
+    create_train_state,
+    make_eval_step,
+    make_optimizer,
+    make_schedule,
+    make_train_step,
+    model_for,
+)
+
+# Test hook: SIGKILL this process right after the given step (proves resume is exact).
+KILL_ENV = "FLAX_TRANSFORMER_TEST_SIGKILL_AT_STEP"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. the loss became NaN); checkpoints already saved are kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    steps: int = 1000
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup: int = 100
+    schedule: str = "inverse_sqrt"
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    weight_decay: float = 0.01
+    seed: int = 0
+    eval_every: int = 250
+    save_every: int = 250
+    keep_checkpoints: int = 3
+    log_every: int = 25
+    bleu_tokenize: str = "13a"
+    num_examples: int = 5  # decoded examples printed and stored
+
+
+@dataclasses.dataclass
+class Job:
+    workdir: Path
+    config: TransformerConfig
+    model_kind: str
+    tokenizer: Any
+    train_set: Dataset
+    valid_set: Dataset
+    options: TrainOptions
+    resume: bool = False
+
+
+# ----------------------------------------------------------------------------- metrics file
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, forget records written after the checkpoint by the interrupted run."""
+    kept = [r for r in read_metrics(path) if r["step"] <= last_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+class MetricsLog:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- loop
+def _is_finite(state: TrainState, metrics) -> bool:
+    values = [metrics["loss_sum"], optax.tree.norm(state.params)]
+    return bool(all(np.isfinite(float(v)) for v in values))
+
+
+def run_training(job: Job) -> dict[str, Any]:
+    opt, cfg, workdir = job.options, job.config, job.workdir
+    pad = job.tokenizer.pad_id
+    model = model_for(cfg, job.model_kind)
+    schedule = make_schedule(opt.schedule, opt.lr, opt.warmup, opt.steps)
+    optimizer = make_optimizer(schedule, weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
+    checkpointer = Checkpointer(workdir / "checkpoints", keep=opt.keep_checkpoints)
+    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad)
+    metrics_path = workdir / "metrics.jsonl"
+    if job.resume:
+        abstract = jax.eval_shape(lambda: create_train_state(model, optimizer, opt.seed))
+        state, loader_state = checkpointer.restore(abstract)
+        loader.restore(loader_state)
+        truncate_metrics(metrics_path, int(state.step))
+        print(f"resumed from step {int(state.step)} ({checkpointer.directory})")
+    else:
+        state = create_train_state(model, optimizer, opt.seed)
+        metrics_path.write_text("")
+    log = MetricsLog(metrics_path)
+    train_step = jax.jit(make_train_step(model, optimizer, opt.label_smoothing), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(model, opt.label_smoothing))
+    valid_batches = eval_batches(job.valid_set, opt.batch_size, cfg.max_len, pad)
+    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    start_step = int(state.step)
+    train_time, tokens, window = 0.0, 0, []
+    wall_start = time.perf_counter()
+    tick = time.perf_counter()
+    bar = tqdm(total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+    try:
+        for done in range(start_step + 1, opt.steps + 1):
+            batch = next(loader)
+            state, metrics = train_step(state, batch)
+            tokens += int((batch["tgt_out"] != pad).sum())
+            window.append(metrics)
+            bar.update(1)
+            log_now = done % opt.log_every == 0 or done == opt.steps
+            eval_now = done % opt.eval_every == 0 and done < opt.steps  # the end has its own
+            save_now = done % opt.save_every == 0 or done == opt.steps
+            if not (log_now or eval_now or save_now):
+                continue
+            jax.block_until_ready(state)
+            train_time += time.perf_counter() - tick
+            if log_now or save_now:
+                loss_sum = sum(float(m["loss_sum"]) for m in window)
+                count = sum(float(m["token_count"]) for m in window)
+                train_loss = loss_sum / max(count, 1.0)
+                if not math.isfinite(train_loss) or not _is_finite(state, metrics):
+                    raise TrainingError(
+                        f"the loss became {train_loss} by step {done}; stopping without saving "
+                        f"(last checkpoint: step {checkpointer.latest_step()}). Try a lower --lr "
+                        "or a smaller --clip-norm."
+                    )
+                record = {
+                    "kind": "train",
+                    "step": done,
+                    "train_loss": train_loss,
+                    "lr": float(schedule(done - 1)),
+                    "grad_norm": float(metrics["grad_norm"]),
+                    "tokens_per_sec": tokens / max(train_time, 1e-9),
+                }
+                log.write(record)
+                bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+                window = []
+            if eval_now:
+                result = evaluate_loss(eval_step, state.params, valid_batches)
+                log.write(
+                    {
+                        "kind": "eval",
+                        "step": done,
+                        "valid_loss": result["loss"],
+                        "token_accuracy": result["token_accuracy"],
+                    }
+                )
+                bar.write(
+                    f"step {done}: valid loss {result['loss']:.4f}, "
+                    f"token accuracy {result['token_accuracy']:.4f}"
+                )
+            if save_now:
+                checkpointer.save(state, loader.state())
+            if done == kill_at:
+                checkpointer.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+            tick = time.perf_counter()
+    finally:
+        bar.close()
+        checkpointer.close()
+    return finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall_start)
+
+
+# ----------------------------------------------------------------------------- the end
+def finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall_start):
+    """Final evaluation, pictures, exported weights and results.json."""
+    opt, cfg, workdir, tok = job.options, job.config, job.workdir, job.tokenizer
+    params = state.params
+    final = evaluate_loss(eval_step, params, valid_batches)
+    results: dict[str, Any] = {
+        "steps": int(state.step),
+        "valid_loss": final["loss"],
+        "token_accuracy": final["token_accuracy"],
+        "valid_examples": len(job.valid_set),
+    }
+    pictures = {}
+    if job.model_kind == "transformer":
+        decoded = evaluate_decoding(
+            model,
+            params,
+            job.valid_set,
+            tok,
+            batch_size=opt.batch_size,
+            max_len=cfg.max_len,
+            bleu_tokenize=opt.bleu_tokenize,
+        )
+        results["exact_match"] = decoded.exact_match
+        results["bleu"] = decoded.bleu
+        results["examples"] = [
+            {"source": s, "reference": r, "hypothesis": h}
+            for s, r, h in list(
+                zip(decoded.sources, decoded.references, decoded.hypotheses, strict=True)
+            )[: opt.num_examples]
+        ]
+        pictures["attention"] = str(_attention_picture(model, params, job, workdir))
+    else:
+        results["perplexity"] = float(math.exp(min(final["loss"], 50.0)))
+    metrics_path = workdir / "metrics.jsonl"
+    MetricsLog(metrics_path).write(
+        {"kind": "eval", "step": int(state.step), "valid_loss": final["loss"]}
+        | {"token_accuracy": final["token_accuracy"]}
+        | ({"exact_match": results["exact_match"]} if "exact_match" in results else {})
+    )
+    pictures["curves"] = str(plot_curves(read_metrics(metrics_path), workdir / "curves.png"))
+    host_params = jax.tree.map(np.asarray, params)
+    save_flax_params(workdir / "flax_params.safetensors", host_params, cfg, job.model_kind)
+    save_torch_state(
+        workdir / "torch_model.safetensors", flax_to_torch_state(host_params), cfg, job.model_kind
+    )
+    results.update(
+        tokens_per_sec=tokens / max(train_time, 1e-9),
+        train_time_s=train_time,
+        wall_time_s=time.perf_counter() - wall_start,
+        pictures=pictures,
+        weights={
+            "flax": str(workdir / "flax_params.safetensors"),
+            "torch": str(workdir / "torch_model.safetensors"),
+        },
+    )
+    (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    return results
+
+
+def _attention_picture(model, params, job: Job, workdir: Path) -> Path:
+    """Cross-attention heatmap of one validation example (length near 12), teacher-forced."""
+    lengths = np.array([len(s) for s in job.valid_set.src])
+    index = int(np.argmin(np.abs(lengths - 12)))
+    src, tgt_in = job.valid_set.src[index], job.valid_set.tgt_in[index]
+    maps = cross_attention_maps(model, params, jnp.asarray(src), jnp.asarray(tgt_in))
+    return plot_attention(
+        maps,
+        job.tokenizer.token_strings(src),
+        job.tokenizer.token_strings(tgt_in),
+        workdir / "attention.png",
+    )
