@@ -123,6 +123,7 @@ def test_cached_logits_equal_full_recompute_every_step(kind, name):
     assert_close(actual, expected, atol=1e-5, what=f"{kind} cached vs full logits")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 def test_prefill_all_at_once_and_uneven_chunks(kind):
     model, params, src, tgt = build(kind, make_config(), seed=1)
@@ -132,6 +133,7 @@ def test_prefill_all_at_once_and_uneven_chunks(kind):
         assert_close(actual, expected, atol=1e-5, what=f"{kind} chunks {chunks}")
 
 
+@pytest.mark.slow
 def test_cache_works_with_remat():
     model, params, src, tgt = build(
         "seq2seq", make_config(remat=True, num_encoder_layers=1, num_decoder_layers=1), seed=2

@@ -71,6 +71,7 @@ def test_greedy_translation_matches_greedy_decode(seq2seq_run, monkeypatch, caps
         assert got == expected_text(tokens[0])
 
 
+@pytest.mark.slow
 def test_beam_and_sampling_options(seq2seq_run, monkeypatch, capsys, tmp_path):
     text = "hello\nabc\n"
     base = ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW)]
