@@ -22,7 +22,7 @@ from pathlib import Path
 
 # Defaults of the model; chosen so the default run learns `reverse` in minutes on 2 CPU cores.
 MODEL_DEFAULTS = {
-    "d_model": 128,
+    "d_model": 64,
     "num_heads": 4,
     "num_encoder_layers": 2,
     "num_decoder_layers": 2,
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--task", choices=TASKS, help="built-in generated task (default: reverse)")
     data.add_argument("--task-min-len", type=int, default=1, help="shortest task string")
     data.add_argument("--task-max-len", type=int, default=16, help="longest task string")
-    data.add_argument("--task-train-size", type=int, default=20000, help="training strings")
+    data.add_argument("--task-train-size", type=int, default=100000, help="training strings")
     data.add_argument("--task-valid-size", type=int, default=500, help="held-out strings")
     data.add_argument("--train-tsv", help="training corpus: one 'source<TAB>target' per line")
     data.add_argument(
@@ -85,14 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dropout", type=float, help="dropout rate (default 0.0)")
 
     train = p.add_argument_group("training")
-    train.add_argument("--steps", type=int, default=1200, help="optimizer steps in total")
+    train.add_argument("--steps", type=int, default=1500, help="optimizer steps in total")
     train.add_argument("--batch-size", type=int, default=64, help="sequences per batch")
     train.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    train.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    train.add_argument("--warmup", type=int, default=150, help="linear warmup steps")
     train.add_argument(
         "--schedule",
         choices=SCHEDULES,
-        default="inverse_sqrt",
+        default="cosine",
         help="after warmup: the paper's 1/sqrt(step) or cosine to 0",
     )
     train.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing eps")
@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = p.add_argument_group("run")
     run.add_argument("--workdir", help="where everything goes (default runs/<task or file>)")
-    run.add_argument("--eval-every", type=int, default=400, help="validation loss every N steps")
-    run.add_argument("--save-every", type=int, default=400, help="checkpoint every N steps")
+    run.add_argument("--eval-every", type=int, default=500, help="validation loss every N steps")
+    run.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
     run.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept")
     run.add_argument("--log-every", type=int, default=25, help="metrics.jsonl line every N steps")
     run.add_argument(
