@@ -443,13 +443,18 @@ def nn_state_layout(
     return layout
 
 
-def load_nn_transformer_state(state: Mapping[str, Any], module) -> dict[str, Any]:
+def load_nn_transformer_state(
+    state: Mapping[str, Any], module, *, prefix: str = ""
+) -> dict[str, Any]:
     """torch.nn.Transformer / TransformerEncoder / TransformerDecoder state_dict (numpy arrays,
     e.g. torch_reference.state_dict_to_numpy(m)) -> Flax params {'params': ...} for `module`.
 
     Strict: every missing, unexpected or mis-shaped key is reported in one ConversionError.
-    dtypes are kept.
+    dtypes are kept. `prefix` ("transformer."): the torch module sits inside a bigger model's
+    state_dict; only the keys under it are read.
     """
+    if prefix:
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     problems, flat = [], {}
     layout = nn_state_layout(expected_param_shapes(module))
     for key, (shape, parts) in layout.items():
@@ -471,10 +476,11 @@ def load_nn_transformer_state(state: Mapping[str, Any], module) -> dict[str, Any
     return {"params": unflatten_params(flat)}
 
 
-def to_nn_transformer_state(params: Mapping[str, Any], module) -> dict[str, np.ndarray]:
-    """Flax params of `module` -> the torch.nn state_dict (numpy arrays), strictly checked.
-
-    Load it with torch_reference.load_numpy_state(torch_module, state)."""
+def to_nn_transformer_state(
+    params: Mapping[str, Any], module, *, prefix: str = ""
+) -> dict[str, np.ndarray]:
+    """Flax params of `module` -> the torch.nn state_dict (numpy arrays), strictly checked,
+    each key prefixed by `prefix`. Load it with torch_reference.load_numpy_state(m, state)."""
     found = flatten_params(params)
     shapes = expected_param_shapes(module)
     problems = []
@@ -496,9 +502,9 @@ def to_nn_transformer_state(params: Mapping[str, Any], module) -> dict[str, np.n
             for path, slot in parts
         ]
         if len(pieces) == 1 and pieces[0][0] is None:
-            state[key] = pieces[0][1].copy()
+            state[prefix + key] = pieces[0][1].copy()
         else:
-            state[key] = np.concatenate([p for _, p in sorted(pieces)], axis=0)
+            state[prefix + key] = np.concatenate([p for _, p in sorted(pieces)], axis=0)
     return state
 
 

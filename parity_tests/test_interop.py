@@ -457,6 +457,17 @@ def test_state_dict_round_trip_is_bit_exact(dtype, bias):
     assert ("encoder.norm.bias" in state) == bias
 
 
+def test_prefix_for_a_transformer_inside_a_bigger_model():
+    torch_model = small_transformer()
+    module, params = from_torch(torch_model)
+    outer = {"transformer." + k: v for k, v in state_dict_to_numpy(torch_model).items()}
+    outer["embed.weight"] = np.ones((5, 8))  # the rest of the model: not ours, ignored
+    loaded = load_nn_transformer_state(outer, module, prefix="transformer.")
+    back = to_nn_transformer_state(loaded, module, prefix="transformer.")
+    assert set(back) == set(outer) - {"embed.weight"}
+    assert all(np.array_equal(back[k], outer[k]) for k in back)
+
+
 def test_packed_projection_split():
     """in_proj_weight rows [0:d], [d:2d], [2d:3d] are the query, key, value maps."""
     torch_model = small_transformer()
