@@ -229,7 +229,10 @@ def finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall
         ]
         pictures["attention"] = str(_attention_picture(model, params, job, workdir))
     else:
-        results["perplexity"] = float(math.exp(min(final["loss"], 50.0)))
+        # Perplexity from the plain cross-entropy (the training loss is label-smoothed).
+        nll = evaluate_loss(jax.jit(make_eval_step(model, 0.0)), params, valid_batches)["loss"]
+        results["valid_nll"] = nll
+        results["perplexity"] = float(math.exp(min(nll, 50.0)))
     metrics_path = workdir / "metrics.jsonl"
     MetricsLog(metrics_path).write(
         {"kind": "eval", "step": int(state.step), "valid_loss": final["loss"]}

@@ -141,6 +141,31 @@ def test_tsv_corpus_with_bpe_trains_with_one_command(tmp_path, capsys):
     assert json.loads((workdir / "results.json").read_text())["steps"] == 4
 
 
+def test_lm_text_trains_a_decoder_only_model(tmp_path, capsys):
+    import torch
+
+    import torch_reference
+    from flax_transformer.convert import load_torch_state
+
+    text = "the cat sat on the mat\n机器学习很有趣\nhello world\n" * 4
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    workdir = tmp_path / "lm"
+    code, _, err = run_main(
+        capsys, *TINY, "--lm-text", tmp_path / "book.txt", "--steps", "4", "--eval-every", "4",
+        "--save-every", "4", "--workdir", workdir,
+    )  # fmt: skip
+    assert code == 0, err
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["perplexity"] == pytest.approx(np.exp(results["valid_nll"]))
+    assert 1.0 < results["perplexity"] < 1000.0
+    assert json.loads((workdir / "run.json").read_text())["model"] == "lm"
+    state, config, kind = load_torch_state(workdir / "torch_model.safetensors")
+    assert kind == "lm"
+    model = torch_reference.load_numpy_state(torch_reference.TransformerLM(config), state)
+    with torch.no_grad():
+        assert model.eval()(torch.tensor([[1, 5, 6]])).shape == (1, 3, config.tgt_vocab_size)
+
+
 # ----------------------------------------------------------------------------- bad input
 def assert_clean_error(code, err, expected_code, *fragments):
     assert code == expected_code, err
