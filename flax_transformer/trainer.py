@@ -49,17 +49,17 @@ class TrainingError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
-    steps: int = 1000
+    steps: int = 1500
     batch_size: int = 64
-    lr: float = 1e-3
-    warmup: int = 100
-    schedule: str = "inverse_sqrt"
+    lr: float = 2e-3
+    warmup: int = 150
+    schedule: str = "cosine"
     label_smoothing: float = 0.1
     clip_norm: float = 1.0
     weight_decay: float = 0.01
     seed: int = 0
-    eval_every: int = 250
-    save_every: int = 250
+    eval_every: int = 500
+    save_every: int = 500
     keep_checkpoints: int = 3
     log_every: int = 25
     bleu_tokenize: str = "13a"
