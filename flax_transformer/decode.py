@@ -390,6 +390,8 @@ def _seq2seq_inputs(model, src, src_mask, max_new_tokens, bos_id, eos_id):
     if src_mask is None:
         src_mask = make_padding_mask(src, cfg.pad_id)
     src_mask = jnp.asarray(src_mask)
+    if jnp.issubdtype(src_mask.dtype, jnp.floating):
+        raise ValueError("src_mask must be a boolean key mask (True = attend), not a float bias")
     try:  # the cross-attention key mask, one row per example (beam search tiles it)
         src_mask = jnp.broadcast_to(src_mask, (batch, 1, 1, src.shape[1]))
     except ValueError:
@@ -537,7 +539,8 @@ def lm_greedy_decode(
     model, params, prompts, lengths=None, *, max_new_tokens: int, eos_id: int | None, use_cache=True
 ) -> jax.Array:
     """Greedy continuation of right-padded prompts (B, P) (each starting with BOS) by a
-    TransformerLM. lengths (B,) defaults to the count of non-pad tokens. Returns int32
+    TransformerLM. lengths (B,) defaults to the count of non-pad tokens; prompts and lengths
+    are host values (the prefill length is a compile-time constant). Returns int32
     (B, max_new_tokens) new tokens, pad after the first EOS."""
     prompts, lengths, m = _lm_inputs(model, prompts, lengths, max_new_tokens, eos_id)
     settings = _settings(model, m, max_new_tokens, eos_id, use_cache=use_cache)

@@ -287,6 +287,12 @@ def test_bad_arguments_give_clear_errors(seq2seq, lm):
         greedy_decode(model, params, src, max_new_tokens=0, bos_id=1, eos_id=2)
     with pytest.raises(ValueError, match="src has length"):
         greedy_decode(model, params, np.ones((1, 30), int), max_new_tokens=4, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="boolean key mask"):
+        float_mask = np.zeros((4, 1, 1, 9), np.float32)
+        greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=2, src_mask=float_mask)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        bad_mask = np.ones((4, 1, 1, 5), bool)
+        greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=2, src_mask=bad_mask)
     with pytest.raises(ValueError, match="eos_id"):
         greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=99)
     with pytest.raises(ValueError, match="TransformerLM"):
