@@ -227,7 +227,10 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         )
     has_checkpoint = checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
     if resume and not has_checkpoint:
-        raise UsageError(f"--resume: no checkpoint in {checkpoints}")
+        raise UsageError(
+            f"--resume: no checkpoint in {checkpoints} (if the run stopped before its first "
+            f"save, delete {workdir} to start over)"
+        )
 
 
 # ----------------------------------------------------------------------------- data

@@ -124,16 +124,17 @@ def test_tsv_corpus_with_bpe_trains_with_one_command(tmp_path, capsys):
     for _ in range(60):
         chosen = rng.choice(words, size=3)
         lines.append(" ".join(chosen) + "\t" + " ".join(w.upper() for w in chosen))
-    lines.append("x" * 80 + "\ty")  # longer than --max-len 64: skipped with a warning
+    noise = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=80))
+    lines.append(noise + "\ty")  # longer than --max-len 24: skipped with a warning
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     workdir = tmp_path / "mt"
     code, out, err = run_main(
         capsys, *TINY, "--train-tsv", tmp_path / "train.tsv", "--tokenizer", "bpe",
-        "--bpe-vocab-size", "120", "--max-len", "64", "--steps", "4", "--eval-every", "4",
+        "--bpe-vocab-size", "300", "--max-len", "24", "--steps", "4", "--eval-every", "4",
         "--save-every", "4", "--workdir", workdir,
     )  # fmt: skip
     assert code == 0, err
-    assert "warning: 1 pair(s) longer than max_len 64 were skipped" in err
+    assert "warning: 1 pair(s) longer than max_len 24 were skipped" in err
     assert "train.tsv:61" in err
     assert "held out 3 of 61 examples" in out
     run = json.loads((workdir / "run.json").read_text())
