@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--run-config",
-        help="JSON file of flag values (as run.json's 'args'); flags given on the command line win",
+        help="JSON file of flag values, or a previous run's run.json; command-line flags win",
     )
     return p
 
@@ -137,20 +137,20 @@ def parse_args(argv):
         saved = default_workdir(args) / "run.json"
         if not saved.exists():
             raise UsageError(f"--resume: {saved} not found; nothing to resume in that --workdir")
-        values = _flag_values(parser, saved, "--resume", key="args")
+        values = _flag_values(parser, saved, "--resume")
         values.pop("resume", None)
         parser.set_defaults(**values)
         args = parser.parse_args(argv)
     return args
 
 
-def _flag_values(parser, path, flag, key=None) -> dict:
+def _flag_values(parser, path, flag) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise UsageError(f"{flag}: cannot read {path}: {err}") from None
-    if key is not None:
-        data = data.get(key, {}) if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("args"), dict):
+        data = data["args"]  # a run.json: its flags
     if not isinstance(data, dict):
         raise UsageError(f"{flag}: {path} must hold a JSON object of flag values")
     known = {a.dest for a in parser._actions}

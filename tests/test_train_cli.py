@@ -205,6 +205,16 @@ def test_existing_run_is_never_overwritten(tiny_run, capsys):
     assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*")} == before
 
 
+def test_run_config_reproduces_a_runs_flags(tiny_run, tmp_path, capsys):
+    args = train.parse_args(["--run-config", str(tiny_run / "run.json"), "--workdir", "elsewhere",
+                             "--steps", "3"])  # fmt: skip
+    assert (args.d_model, args.num_layers, args.dropout, args.lr) == (16, 1, 0.1, 3e-3)
+    assert (args.steps, args.workdir) == (3, "elsewhere")  # the command line wins
+    (tmp_path / "bad.json").write_text('{"d_modle": 3}')
+    code, _, err = run_main(capsys, "--run-config", tmp_path / "bad.json")
+    assert_clean_error(code, err, 2, "bad.json has unknown flag(s): d_modle")
+
+
 def test_unwritable_workdir(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
