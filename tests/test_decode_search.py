@@ -223,6 +223,12 @@ def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
         np.testing.assert_allclose(scores.reshape(-1)[row], true_score, rtol=1e-5)
         assert np.all(new[count:] == PAD)
     assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # best first
+    uncached, uncached_scores = lm_beam_search(
+        model, params, prompts, beam_size=beams, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6,
+        use_cache=False,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(uncached).reshape(-1, N_NEW), tokens)
+    np.testing.assert_allclose(uncached_scores, scores, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------- sampling
