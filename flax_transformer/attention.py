@@ -78,6 +78,35 @@ def scaled_dot_product_attention(
     return output, weights
 
 
+# When to use jax.nn.dot_product_attention (it returns no weights, so only when the
+# "intermediates" collection is not mutable, and without attention dropout):
+# "auto" = on GPU only (on CPU it measured no faster than the einsum path, bench/NOTES.md),
+# "always" / "never" force it (tests compare both paths on CPU).
+FUSED_ATTENTION = "auto"
+
+
+def use_fused_attention(mask: jax.Array | None) -> bool:
+    if mask is not None and jnp.issubdtype(mask.dtype, jnp.floating):
+        return False  # additive float masks keep the generic path
+    if FUSED_ATTENTION == "always":
+        return True
+    return FUSED_ATTENTION == "auto" and jax.default_backend() == "gpu"
+
+
+def fused_attention(query, key, value, mask=None) -> jax.Array:
+    """scaled_dot_product_attention's output (no weights) through jax.nn.dot_product_attention
+    (cuDNN flash attention where available). Same layout (batch, len, heads, head_dim) and
+    the same mask semantics: a query row with every key masked gives zeros."""
+    if mask is None:
+        return jax.nn.dot_product_attention(query, key, value)
+    mask = mask.astype(bool).reshape((1,) * (4 - mask.ndim) + mask.shape)  # 4-D
+    output = jax.nn.dot_product_attention(query, key, value, mask=mask)
+    full = jnp.broadcast_to(mask, mask.shape[:-1] + (key.shape[1],))
+    any_key = jnp.any(full, axis=-1)  # (batch|1, heads|1, q_len|1)
+    any_key = jnp.swapaxes(any_key, 1, 2)[..., None]  # (batch|1, q_len|1, heads|1, 1)
+    return jnp.where(any_key, output, jnp.zeros((), output.dtype))
+
+
 class MultiHeadAttention(nn.Module):
     """Linear maps for Q, K, V (named query, key, value), attention per head, output map `out`.
 
@@ -131,16 +160,20 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = None
         if not deterministic and cfg.attention_dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
-        output, weights = scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            mask,
-            dropout_rate=cfg.attention_dropout_rate,
-            dropout_rng=dropout_rng,
-            deterministic=deterministic,
-        )
-        self.sow("intermediates", "attention_weights", weights)
+        weights_wanted = self.is_mutable_collection("intermediates")
+        if dropout_rng is None and not weights_wanted and use_fused_attention(mask):
+            output = fused_attention(query, key, value, mask)
+        else:
+            output, weights = scaled_dot_product_attention(
+                query,
+                key,
+                value,
+                mask,
+                dropout_rate=cfg.attention_dropout_rate,
+                dropout_rng=dropout_rng,
+                deterministic=deterministic,
+            )
+            self.sow("intermediates", "attention_weights", weights)
         output = output.reshape(batch, q_len, cfg.d_model)  # concat heads
         return dense("out")(output)
 
