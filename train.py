@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sacrebleu tokenizer; auto: char for tasks, 13a for corpora",
     )
     run.add_argument(
+        "--mesh",
+        help="shard training over devices, e.g. data=2,model=4 (batch over data, heads and FFN "
+        "units over model); on CPU set JAX_NUM_CPU_DEVICES=N first to get N devices",
+    )
+    run.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --workdir from its latest checkpoint",
@@ -188,6 +193,13 @@ def check_args(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if not args.lr > 0:
         raise UsageError(f"--lr must be > 0, got {args.lr}")
+    if args.mesh:
+        from flax_transformer.sharding import MeshError, make_mesh
+
+        try:
+            make_mesh(args.mesh)
+        except MeshError as err:
+            raise UsageError(f"--mesh: {err}") from None
     if not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     for name in ("clip_norm", "weight_decay"):
@@ -378,6 +390,7 @@ def run(args, started: float) -> int:
         keep_checkpoints=args.keep_checkpoints,
         log_every=args.log_every,
         bleu_tokenize=bleu,
+        mesh=args.mesh,
     )
     if not args.resume:
         config.save(workdir / "config.json")

@@ -29,6 +29,7 @@ from .convert import flax_to_torch_state, save_flax_params, save_torch_state
 from .data import BatchLoader, Dataset, eval_batches
 from .evaluation import cross_attention_maps, evaluate_decoding, evaluate_loss
 from .plots import plot_attention, plot_curves
+from .sharding import check_config_fits, make_mesh, shard_training
 from .training import (
     TrainState,
     create_train_state,
@@ -64,6 +65,7 @@ class TrainOptions:
     log_every: int = 25
     bleu_tokenize: str = "13a"
     num_examples: int = 5  # decoded examples printed and stored
+    mesh: str | None = None  # e.g. "data=2,model=4": shard the train step (sharding.py)
 
 
 @dataclasses.dataclass
@@ -125,7 +127,19 @@ def run_training(job: Job) -> dict[str, Any]:
         state = create_train_state(model, optimizer, opt.seed)
         metrics_path.write_text("")
     log = MetricsLog(metrics_path)
-    train_step = jax.jit(make_train_step(model, optimizer, opt.label_smoothing), donate_argnums=0)
+    step_fn = make_train_step(model, optimizer, opt.label_smoothing)
+    # With a mesh, evaluation, checkpoints and the final decoding work on a host copy of the
+    # state: running other sharded programs between train steps can deadlock XLA:CPU's
+    # collectives on fake devices, and a host copy is what they need anyway.
+    on_host = jax.device_get if opt.mesh else (lambda tree: tree)
+    if opt.mesh:
+        # One code path: the mesh decides how the state and the batch are laid out.
+        mesh = make_mesh(opt.mesh)
+        check_config_fits(cfg, mesh, opt.batch_size)
+        state, train_step = shard_training(mesh, state, step_fn)
+        print(f"sharded over mesh {dict(mesh.shape)} of {mesh.devices.size} devices")
+    else:
+        train_step = jax.jit(step_fn, donate_argnums=0)
     eval_step = jax.jit(make_eval_step(model, opt.label_smoothing))
     valid_batches = eval_batches(job.valid_set, opt.batch_size, cfg.max_len, pad)
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
@@ -139,6 +153,8 @@ def run_training(job: Job) -> dict[str, Any]:
         for done in range(start_step + 1, opt.steps + 1):
             batch = next(loader)
             state, metrics = train_step(state, batch)
+            if opt.mesh:  # one sharded program at a time (see on_host above)
+                jax.block_until_ready(state)
             tokens += int((batch["tgt_out"] != pad).sum())
             window.append(metrics)
             bar.update(1)
@@ -171,7 +187,7 @@ def run_training(job: Job) -> dict[str, Any]:
                 bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{record['tokens_per_sec']:.0f}")
                 window = []
             if eval_now:
-                result = evaluate_loss(eval_step, state.params, valid_batches)
+                result = evaluate_loss(eval_step, on_host(state.params), valid_batches)
                 log.write(
                     {
                         "kind": "eval",
@@ -185,7 +201,7 @@ def run_training(job: Job) -> dict[str, Any]:
                     f"token accuracy {result['token_accuracy']:.4f}"
                 )
             if save_now:
-                checkpointer.save(state, loader.state())
+                checkpointer.save(on_host(state), loader.state())
             if done == kill_at:
                 checkpointer.wait()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -193,7 +209,9 @@ def run_training(job: Job) -> dict[str, Any]:
     finally:
         bar.close()
         checkpointer.close()
-    return finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall_start)
+    return finish(
+        job, model, on_host(state), eval_step, valid_batches, train_time, tokens, wall_start
+    )
 
 
 # ----------------------------------------------------------------------------- the end
