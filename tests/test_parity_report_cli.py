@@ -10,23 +10,13 @@ import pytest
 import torch
 
 import torch_reference
-from flax_transformer import TransformerConfig
 from flax_transformer.convert import save_flax_params, save_torch_state, torch_state_to_flax
 from flax_transformer.parity import main
 from flax_transformer.tokenizer import ByteTokenizer
 
+from .test_parity_report import CONFIG
+
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = TransformerConfig(
-    src_vocab_size=37,
-    tgt_vocab_size=41,
-    d_model=16,
-    num_heads=2,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-    d_ff=40,
-    dropout_rate=0.0,
-    max_len=32,
-)
 SMALL_RUN = ["--batch-size", "3", "--src-len", "7", "--tgt-len", "6"]
 BROKEN_KEY = "decoder.layers.1.ffn.linear1.weight"
 
