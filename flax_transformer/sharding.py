@@ -169,11 +169,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(DATA))
 
 
-def shard_tree(mesh: Mesh, tree: Any) -> Any:
-    """Place every leaf of `tree` by `tree_shardings` (params, optimiser state, train state)."""
-    return jax.device_put(tree, tree_shardings(mesh, tree))
-
-
 def shard_batch(mesh: Mesh, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Put a batch of (batch, ...) arrays on the mesh, split over `data`.
 
