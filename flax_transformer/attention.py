@@ -14,6 +14,7 @@ import numpy as np
 from flax import linen as nn
 
 from .config import TransformerConfig
+from .dropout import keep_mask, keep_scale
 
 
 def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
@@ -72,8 +73,8 @@ def scaled_dot_product_attention(
     weights = weights.astype(query.dtype)
     attended = weights
     if not deterministic and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        attended = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(weights.dtype)
+        keep = keep_mask(dropout_rng, weights.shape, dropout_rate)
+        attended = jnp.where(keep, weights * keep_scale(dropout_rate), 0.0).astype(weights.dtype)
     output = jnp.einsum("bhqk,bkhd->bqhd", attended, value)
     return output, weights
 

@@ -11,12 +11,13 @@ from flax import linen as nn
 
 from .attention import MultiHeadAttention
 from .config import TransformerConfig
+from .dropout import Dropout
 from .layers import FeedForward, layer_norm
 
 
 def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool):
     """Apply `sublayer` with dropout, residual add and `norm` in the config's placement."""
-    dropout = nn.Dropout(config.dropout_rate)
+    dropout = Dropout(config.dropout_rate)
     if config.norm_first:
         return x + dropout(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + dropout(sublayer(x), deterministic=deterministic))

@@ -10,6 +10,7 @@ import numpy as np
 from flax import linen as nn
 
 from .config import TransformerConfig
+from .dropout import Dropout
 
 
 def activation_fn(name: str):
@@ -21,17 +22,47 @@ def activation_fn(name: str):
     raise ValueError(f"unknown activation {name!r}")
 
 
-def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
-    """LayerNorm matching torch.nn.LayerNorm: biased variance, eps inside the sqrt.
+class LayerNorm(nn.Module):
+    """LayerNorm over the last axis as torch.nn.LayerNorm computes it: biased variance of the
+    centred input, eps inside the sqrt, then (x - mean) * rstd * scale + bias in that order.
+    Params `scale` and `bias` (flax.linen.LayerNorm's names). Statistics run in at least
+    float32, so bfloat16 inputs keep float32 statistics; the result has `dtype`.
 
-    use_fast_variance=False computes E[(x - mean)^2] rather than E[x^2] - mean^2, the latter
-    loses float32 parity with torch. Statistics are kept in float32 for bfloat16 inputs.
+    Written out rather than flax.linen.LayerNorm, which folds the scale into the per-row rstd
+    first and so materialises a (batch, len, d_model) broadcast of it; that copy was ~2.5% of a
+    CPU training step (bench/NOTES.md).
     """
-    return nn.LayerNorm(
+
+    epsilon: float = 1e-5
+    dtype: str | None = None
+    param_dtype: str = "float32"
+    use_bias: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (features,), self.param_dtype)
+        bias = None
+        if self.use_bias:
+            bias = self.param("bias", nn.initializers.zeros, (features,), self.param_dtype)
+        stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
+        centered = x.astype(stats_dtype)
+        centered = centered - jnp.mean(centered, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(centered), axis=-1, keepdims=True)
+        y = centered * jax.lax.rsqrt(variance + self.epsilon)  # (..., features)
+        y = y * scale.astype(stats_dtype)
+        if bias is not None:
+            y = y + bias.astype(stats_dtype)
+        out_dtype = self.dtype or jnp.promote_types(x.dtype, self.param_dtype)
+        return y.astype(out_dtype)
+
+
+def layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
+    """The config's LayerNorm (eps, dtypes, bias) under `name`."""
+    return LayerNorm(
         epsilon=config.layer_norm_eps,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
-        use_fast_variance=False,
         use_bias=config.use_bias,
         name=name,
     )
@@ -67,7 +98,7 @@ class FeedForward(nn.Module):
         )
         x = dense(cfg.d_ff, "linear1")(x)
         x = activation_fn(cfg.activation)(x)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         return dense(cfg.d_model, "linear2")(x)
 
 

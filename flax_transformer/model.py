@@ -14,6 +14,7 @@ from flax import linen as nn
 from .attention import combine_masks, make_causal_mask, make_padding_mask
 from .blocks import DecoderBlock, EncoderBlock
 from .config import TransformerConfig
+from .dropout import Dropout
 from .layers import PositionalEncoding, layer_norm
 
 
@@ -123,7 +124,7 @@ class _EmbeddingsMixin:
             self.positions = self.pos_embed
         else:
             self.positions = PositionalEncoding(cfg)
-        self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+        self.embed_dropout = Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition()
 
     def _output_logits(self, embed: nn.Embed, x):

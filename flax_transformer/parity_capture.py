@@ -42,13 +42,11 @@ def model_inputs(batch: Mapping[str, Any], model_kind: str) -> tuple[np.ndarray,
 
 # ----------------------------------------------------------------------------- Flax
 def _flax_capture_filter():
-    from flax import linen as nn
-
     from .attention import MultiHeadAttention
-    from .layers import FeedForward
+    from .layers import FeedForward, LayerNorm
     from .model import Decoder, Encoder
 
-    kinds = (MultiHeadAttention, nn.LayerNorm, FeedForward, Encoder, Decoder)
+    kinds = (MultiHeadAttention, LayerNorm, FeedForward, Encoder, Decoder)
 
     def capture(module, method_name: str) -> bool:
         # The top-level module (path ()) gives the logits; sub-layers their own outputs.
