@@ -71,15 +71,22 @@ def uniform16(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     key_data = _threefry_key_data(key)
     if key_data is None:
         # Any other PRNG implementation: 32 bits per draw, split into two halves.
-        bits = jax.random.bits(key, (rows, -(-length // 2)), jnp.uint32)
-        words = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)
+        columns = -(-length // 2)
+        words = [jax.random.bits(key, (rows, columns), jnp.uint32)]
     else:
         columns = -(-length // 4)
         column = jax.lax.broadcasted_iota(jnp.uint32, (rows, columns), 1)
         row = jax.lax.broadcasted_iota(jnp.uint32, (rows, columns), 0)
-        high, low = threefry2x32_p.bind(key_data[0], key_data[1], column, row)
-        words = jnp.concatenate([high & 0xFFFF, high >> 16, low & 0xFFFF, low >> 16], axis=-1)
-    return words[:, :length].reshape(shape)  # (rows, 2 or 4 * columns) -> shape
+        words = list(threefry2x32_p.bind(key_data[0], key_data[1], column, row))
+    # Word w's low and high halves fill quarters (halves) 2w and 2w + 1 of each row. Written
+    # as a broadcast and a select rather than a concatenate, so XLA fuses it into the consumer.
+    parts = 2 * len(words)
+    part = jax.lax.broadcasted_iota(jnp.uint32, (rows, parts, columns), 1)
+    word = words[0][:, None, :]
+    for index in range(1, len(words)):
+        word = jnp.where(part >= 2 * index, words[index][:, None, :], word)
+    halves = (word >> ((part % 2) * 16)) & 0xFFFF  # (rows, parts, columns)
+    return halves.reshape(rows, parts * columns)[:, :length].reshape(shape)
 
 
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
