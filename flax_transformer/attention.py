@@ -15,6 +15,7 @@ from flax import linen as nn
 
 from .config import TransformerConfig
 from .dropout import keep_mask, keep_scale
+from .layers import Dense
 
 
 def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
@@ -139,7 +140,7 @@ class MultiHeadAttention(nn.Module):
         is_cross: bool = False,
     ) -> jax.Array:
         cfg = self.config
-        dense = lambda name: nn.Dense(  # noqa: E731
+        dense = lambda name: Dense(  # noqa: E731
             cfg.d_model,
             use_bias=cfg.use_bias,
             dtype=cfg.dtype,

@@ -15,7 +15,7 @@ from .attention import combine_masks, make_causal_mask, make_padding_mask
 from .blocks import DecoderBlock, EncoderBlock
 from .config import TransformerConfig
 from .dropout import Dropout
-from .layers import PositionalEncoding, layer_norm
+from .layers import Dense, PositionalEncoding, layer_norm
 
 
 def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
@@ -143,8 +143,8 @@ def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
     )
 
 
-def _lm_head(cfg: TransformerConfig) -> nn.Dense:
-    return nn.Dense(cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+def _lm_head(cfg: TransformerConfig) -> Dense:
+    return Dense(cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
 
 class Transformer(_EmbeddingsMixin, nn.Module):
