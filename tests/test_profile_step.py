@@ -1,0 +1,47 @@
+"""bench.profile_step: thunks attributed to model parts, and a smoke run on the quick config."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import profile_step as ps
+from bench import train_throughput as tt
+
+PREFIX = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/layers_0"
+BACKWARD = "jit(train_step)/transpose(jvp(Transformer))/Transformer.decode/decoder/layers_2"
+
+
+@pytest.mark.parametrize(
+    ("op_name", "part"),
+    [
+        (f"{PREFIX}/self_attn/query/dot_general", "fwd:attn_dense"),
+        (f"{PREFIX}/self_attn/bqhd,bkhd->bhqk/dot_general", "fwd:attn_core"),
+        (f"{BACKWARD}/cross_attn/out/dot_general", "bwd:attn_dense"),
+        (f"{BACKWARD}/ffn/linear1/dot_general", "bwd:ffn"),
+        (f"{PREFIX}/ffn/Dropout_0/select_n", "fwd:dropout"),
+        (f"{PREFIX}/norm2/sub", "fwd:layernorm"),
+        (
+            "jit(train_step)/transpose(jvp(Transformer))/Transformer.decode/lm_head/dot",
+            "bwd:lm_head",
+        ),
+        ("jit(train_step)/jvp(jit(log_softmax))/exp", "fwd:other"),
+        ("", "fwd:other"),  # thunks without metadata
+    ],
+)
+def test_op_names_map_to_model_parts(op_name, part):
+    assert ps.model_part(op_name) == part
+
+
+def test_hlo_op_names_reads_instruction_metadata():
+    hlo = (
+        '  %ynn_fusion.3 = f32[8,4]{1,0} fusion(%a, %b), kind=kCustom, metadata={op_name="x/y"}\n'
+        "  ROOT %copy.1 = f32[8]{0} copy(%c)\n"
+    )
+    assert ps.hlo_op_names(hlo) == {"ynn_fusion.3": "x/y"}
+
+
+def test_profile_of_the_quick_config_covers_the_model():
+    result = ps.profile(tt.quick_config(), steps=1, warmup=1)
+    assert result["step_ms"] > 0 and 0 <= result["idle_ms"] <= result["step_ms"]
+    for part in ("fwd:ffn", "bwd:ffn", "fwd:attn_core", "fwd:dropout", "fwd:layernorm"):
+        assert result["parts"].get(part, 0) > 0, part
