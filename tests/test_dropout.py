@@ -113,3 +113,17 @@ def test_gradient_is_the_mask_times_the_scale():
     grad = jax.grad(lambda v: jnp.sum(dropout(v, 0.25, key)))(x)
     keep = np.asarray(keep_mask(key, x.shape, 0.25))
     np.testing.assert_array_equal(grad, np.where(keep, np.float32(keep_scale(0.25)), 0.0))
+
+
+def test_threefry_is_bit_identical_to_jax_primitive():
+    from jax.extend.random import threefry2x32_p
+
+    from flax_transformer.dropout import threefry2x32
+
+    key = jax.random.key_data(jax.random.key(123))
+    count0 = jnp.arange(4096, dtype=jnp.uint32) * np.uint32(2654435761)
+    count1 = jnp.arange(4096, dtype=jnp.uint32)[::-1]
+    expected = threefry2x32_p.bind(key[0], key[1], count0, count1)
+    ours = jax.jit(threefry2x32)(key[0], key[1], count0, count1)
+    for mine, theirs in zip(ours, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
