@@ -251,3 +251,18 @@ def test_help_explains_the_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--task", "--train-tsv", "--lm-text", "--resume", "--schedule", "--workdir"):
         assert flag in out
+
+
+def test_diverging_run_stops_with_a_clear_message_and_saves_nothing_broken(tmp_path, capsys):
+    # lr 1e30 without clipping: after the first updates the parameters' norm overflows.
+    workdir = tmp_path / "diverged"
+    code, _, err = run_main(
+        capsys, *TINY, "--lr", "1e30", "--clip-norm", "0", "--steps", "6", "--save-every", "2",
+        "--workdir", workdir,
+    )  # fmt: skip
+    assert code == 1
+    assert "the loss became" in err and "by step 2" in err and "--lr" in err
+    checkpoints = workdir / "checkpoints"
+    assert not checkpoints.exists() or not any(p.name.isdigit() for p in checkpoints.iterdir())
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r.get("train_loss", 0.0)) for r in records)
