@@ -42,21 +42,17 @@ def keep_scale(rate: float) -> float:
     return UNIFORM_LEVELS / (UNIFORM_LEVELS - threshold)
 
 
+_THREEFRY_IMPL_NAMES = ("threefry2x32", "threefry")
+
+
 def _threefry_key_data(key: jax.Array) -> jax.Array | None:
     """The uint32[2] Threefry key behind `key`, or None for another PRNG implementation."""
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if "threefry" not in str(jax.random.key_impl(key)):
             return None
         return jax.random.key_data(key)
-    if (
-        key.shape == (2,)
-        and key.dtype == jnp.uint32
-        and jax.config.jax_default_prng_impl
-        in (
-            "threefry2x32",
-            "threefry",
-        )
-    ):
+    raw_threefry = jax.config.jax_default_prng_impl in _THREEFRY_IMPL_NAMES
+    if raw_threefry and key.shape == (2,) and key.dtype == jnp.uint32:
         return key
     return None
 
