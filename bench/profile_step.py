@@ -57,8 +57,12 @@ def hlo_op_names(hlo_text: str) -> dict[str, str]:
     return names
 
 
-def profile(cfg, steps: int = 3, warmup: int = 3) -> dict:
-    batch = tt.make_batch(cfg, *((32, 64, 64) if cfg.d_model >= 256 else (4, 8, 8)))
+REFERENCE_BATCH = (32, 64, 64)  # (batch, src_len, tgt_len), as bench.train_throughput
+QUICK_BATCH = (2, 8, 8)
+
+
+def profile(cfg, batch_dims: tuple[int, int, int], steps: int = 3, warmup: int = 3) -> dict:
+    batch = tt.make_batch(cfg, *batch_dims)
     state, step, batch_device = build_flax_step(cfg, batch)
     op_names = hlo_op_names(step.lower(state, batch_device).compile().as_text())
     for _ in range(warmup):
@@ -108,8 +112,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args(argv)
-    cfg = tt.quick_config() if args.quick else tt.reference_config()
-    result = profile(cfg, steps=args.steps)
+    if args.quick:
+        result = profile(tt.quick_config(), QUICK_BATCH, steps=args.steps)
+    else:
+        result = profile(tt.reference_config(), REFERENCE_BATCH, steps=args.steps)
     step_ms, idle_ms = result["step_ms"], result["idle_ms"]
     print(f"longest traced step {step_ms:.1f} ms, no thunk running {idle_ms:.1f} ms")
     print(f"{'ms/step':>8}  part             biggest thunk kinds")

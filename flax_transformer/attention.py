@@ -14,7 +14,7 @@ import numpy as np
 from flax import linen as nn
 
 from .config import TransformerConfig
-from .dropout import keep_mask, keep_scale
+from .dropout import dropout
 from .layers import Dense
 
 
@@ -74,8 +74,7 @@ def scaled_dot_product_attention(
     weights = weights.astype(query.dtype)
     attended = weights
     if not deterministic and dropout_rate > 0.0:
-        keep = keep_mask(dropout_rng, weights.shape, dropout_rate)
-        attended = jnp.where(keep, weights * keep_scale(dropout_rate), 0.0).astype(weights.dtype)
+        attended = dropout(weights, dropout_rate, dropout_rng)
     output = jnp.einsum("bhqk,bkhd->bqhd", attended, value)
     return output, weights
 

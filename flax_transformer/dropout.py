@@ -116,9 +116,10 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
 
 def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     """Inverted dropout: zero with probability ~rate, scale the rest so the mean is kept."""
-    if drop_threshold(rate) == 0:
+    threshold = drop_threshold(rate)
+    if threshold == 0:
         return x
-    if drop_threshold(rate) >= UNIFORM_LEVELS:
+    if threshold >= UNIFORM_LEVELS:
         return jnp.zeros_like(x)
     keep = keep_mask(key, x.shape, rate)
     return jnp.where(keep, x * jnp.asarray(keep_scale(rate), x.dtype), jnp.zeros((), x.dtype))
