@@ -38,8 +38,8 @@ class UsageError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flax_transformer.data import LONG_POLICIES, TASKS
-    from flax_transformer.training import SCHEDULES
+    from flax_transformer.training.data import LONG_POLICIES, TASKS
+    from flax_transformer.training.optim import SCHEDULES
 
     p = argparse.ArgumentParser(
         prog="python train.py",
@@ -194,7 +194,7 @@ def check_args(args) -> None:
     if not args.lr > 0:
         raise UsageError(f"--lr must be > 0, got {args.lr}")
     if args.mesh:
-        from flax_transformer.sharding import MeshError, make_mesh
+        from flax_transformer.training.sharding import MeshError, make_mesh
 
         try:
             make_mesh(args.mesh)
@@ -248,7 +248,7 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
 # ----------------------------------------------------------------------------- data
 def load_pairs(args):
     """(kind, train pairs, valid pairs) from the chosen source."""
-    from flax_transformer.data import generate_task, held_out, read_text_lines, read_tsv
+    from flax_transformer.training.data import generate_task, held_out, read_text_lines, read_tsv
 
     if args.train_tsv:
         train = read_tsv(args.train_tsv)
@@ -290,7 +290,7 @@ def split_off_validation(pairs, seed, fraction=0.05):
 
 
 def make_tokenizer(args, workdir: Path, train_pairs):
-    from flax_transformer.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+    from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
     if args.resume:
         return load_tokenizer(workdir / "tokenizer.json")
@@ -301,7 +301,7 @@ def make_tokenizer(args, workdir: Path, train_pairs):
 
 
 def make_config(args, tokenizer, workdir: Path):
-    from flax_transformer.config import TransformerConfig
+    from flax_transformer.spec.config import TransformerConfig
 
     values = dict(MODEL_DEFAULTS)
     if args.config:
@@ -353,8 +353,8 @@ def main(argv=None) -> int:
 
 
 def run(args, started: float) -> int:
-    from flax_transformer.data import encode_documents, encode_pairs
-    from flax_transformer.trainer import Job, TrainOptions, run_training
+    from flax_transformer.training.data import encode_documents, encode_pairs
+    from flax_transformer.training.loop import Job, TrainOptions, run_training
 
     workdir = default_workdir(args)
     prepare_workdir(workdir, args.resume)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flax_transformer.config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig
 
 LENGTHS = (32, 64, 128, 256, 512)
 
@@ -57,7 +57,7 @@ def run(
     import jax
 
     from flax_transformer import Transformer
-    from flax_transformer.decode import greedy_decode
+    from flax_transformer.decoding.search import greedy_decode
 
     model = Transformer(config)
     rng = np.random.default_rng(0)

@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import train_throughput as tt
-from flax_transformer.config import TransformerConfig
-from flax_transformer.model import Transformer
-from flax_transformer.training import create_train_state, make_optimizer, make_train_step
+from flax_transformer.nn.model import Transformer
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.training.optim import make_optimizer
+from flax_transformer.training.state import create_train_state
+from flax_transformer.training.steps import make_train_step
 
 
 def build_flax_step(cfg: TransformerConfig, batch: dict[str, np.ndarray]):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flax_transformer.config import TransformerConfig
-from flax_transformer.layers import sinusoidal_table
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.sinusoid import sinusoidal_table
 
 
 class NNTransformerModel(nn.Module):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flax_transformer.config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig
 
 # One set of optimiser hyper-parameters for every variant (torch and optax defaults differ).
 LEARNING_RATE = 1e-3

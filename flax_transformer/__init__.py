@@ -1,24 +1,28 @@
-"""The Transformer of "Attention Is All You Need" in JAX/Flax, with a PyTorch twin."""
+"""The Transformer of "Attention Is All You Need" in JAX/Flax, with a PyTorch twin.
 
-from .attention import (
-    MultiHeadAttention,
-    combine_masks,
-    make_causal_mask,
-    make_padding_mask,
-    scaled_dot_product_attention,
-)
-from .config import TransformerConfig
-from .model import Decoder, Encoder, Transformer, TransformerLM
+The public names below load lazily (PEP 562 module `__getattr__`): `import flax_transformer`
+loads no JAX; touching `flax_transformer.Transformer` does. The subpackages are the rooms of
+the architecture (docs/architecture.md): spec (numpy only) <- nn <- decoding / training /
+interop <- parity.
+"""
 
-__all__ = [
-    "Decoder",
-    "Encoder",
-    "MultiHeadAttention",
-    "Transformer",
-    "TransformerConfig",
-    "TransformerLM",
-    "combine_masks",
-    "make_causal_mask",
-    "make_padding_mask",
-    "scaled_dot_product_attention",
-]
+from flax_transformer.lazy import lazy_exports
+
+_EXPORTS = {
+    "TransformerConfig": "flax_transformer.spec.config",
+    "config_diff": "flax_transformer.spec.config",
+    "PRESETS": "flax_transformer.spec.presets",
+    "preset": "flax_transformer.spec.presets",
+    "MultiHeadAttention": "flax_transformer.nn.attention",
+    "combine_masks": "flax_transformer.nn.attention",
+    "make_causal_mask": "flax_transformer.nn.attention",
+    "make_padding_mask": "flax_transformer.nn.attention",
+    "scaled_dot_product_attention": "flax_transformer.nn.attention",
+    "Decoder": "flax_transformer.nn.model",
+    "Encoder": "flax_transformer.nn.model",
+    "Transformer": "flax_transformer.nn.model",
+    "TransformerLM": "flax_transformer.nn.model",
+    "model_for": "flax_transformer.nn.kinds",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,8 +16,8 @@ def main() -> None:
 
     import torch_reference
     from flax_transformer import Transformer, TransformerConfig
-    from flax_transformer.convert import torch_state_to_flax
-    from flax_transformer.numerics import error_stats
+    from flax_transformer.interop.convert import torch_state_to_flax
+    from flax_transformer.spec.numerics import error_stats
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

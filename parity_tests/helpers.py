@@ -9,7 +9,8 @@ import torch
 
 import torch_reference
 from flax_transformer import TransformerConfig
-from flax_transformer.convert import flatten_params, torch_state_to_params
+from flax_transformer.interop.convert import torch_state_to_params
+from flax_transformer.spec.naming import flatten_params
 
 # d_model != d_ff != vocab sizes, so a wrong transpose is a shape error, not a silent pass.
 SMALL = dict(

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import torch_reference as tr
-from flax_transformer import attention, blocks, layers, model
-from flax_transformer.numerics import assert_close
+from flax_transformer.nn import attention, blocks, layers, model
+from flax_transformer.spec.numerics import assert_close
 
 from .helpers import convert_module, random_floats, small_config, to_numpy
 

@@ -11,7 +11,7 @@ import torch
 
 import torch_reference as tr
 from flax_transformer import Transformer
-from flax_transformer.convert import (
+from flax_transformer.interop.convert import (
     ConversionError,
     flatten_params,
     flax_to_torch_state,
@@ -79,7 +79,7 @@ def test_files_carry_their_config_and_round_trip(tmp_path):
 
 def run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "flax_transformer.convert", *map(str, args)],
+        [sys.executable, "-m", "flax_transformer.interop.convert", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,

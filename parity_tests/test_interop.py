@@ -1,4 +1,5 @@
-"""flax_transformer.interop against PyTorch's own torch.nn.Transformer (not the torch twin).
+"""flax_transformer.interop (torch.nn.Transformer in Flax) against PyTorch's own
+torch.nn.Transformer (not the torch twin).
 
 float64 (x64 from conftest.py), relative error <= 1e-12, random settings and masks, PyTorch's
 fast path on and off; weights round-trip bit-exact; the loaders are strict.
@@ -28,7 +29,8 @@ from flax_transformer.interop import (
     to_nn_transformer_state,
     torch_attention_mask,
 )
-from flax_transformer.numerics import assert_close
+from flax_transformer.interop.__main__ import main as interop_cli
+from flax_transformer.spec.numerics import assert_close
 from torch_reference import load_numpy_state, state_dict_to_numpy
 
 F64 = dict(rtol=1e-12)
@@ -601,9 +603,9 @@ def test_from_torch_rejects_what_it_cannot_express():
 def test_cli_check(capsys):
     small = "--d-model 8 --nhead 2 --num-encoder-layers 2 --num-decoder-layers 1 "
     small += "--dim-feedforward 12 --batch 2 --src-len 4 --tgt-len 3 --dtype float64"
-    assert interop.main(small.split()) == 0
+    assert interop_cli(small.split()) == 0
     report = json.loads(capsys.readouterr().out)
     for path in ("regular_path", "fast_path"):
         assert report[path]["relative_error"] <= 1e-12, report
-    assert interop.main(["--d-model", "10", "--nhead", "4"]) == 1
+    assert interop_cli(["--d-model", "10", "--nhead", "4"]) == 1
     assert "invalid nn.Transformer settings" in capsys.readouterr().err

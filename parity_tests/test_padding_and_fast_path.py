@@ -6,8 +6,8 @@ import torch
 
 import torch_reference as tr
 from flax_transformer import Transformer, TransformerLM
-from flax_transformer.convert import torch_state_to_flax
-from flax_transformer.numerics import assert_close
+from flax_transformer.interop.convert import torch_state_to_flax
+from flax_transformer.spec.numerics import assert_close
 
 from .helpers import random_tokens, small_config, to_numpy
 

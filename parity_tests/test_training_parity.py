@@ -15,20 +15,19 @@ import torch.nn.functional as F
 
 import torch_reference
 from flax_transformer import TransformerConfig
-from flax_transformer.convert import flax_to_torch_state, torch_state_to_flax
-from flax_transformer.numerics import assert_close, error_stats
-from flax_transformer.training import (
+from flax_transformer.interop.convert import flax_to_torch_state, torch_state_to_flax
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.numerics import assert_close, error_stats
+from flax_transformer.training.optim import (
     ADAM_B1,
     ADAM_B2,
     ADAM_EPS,
-    TrainState,
-    loss_fn,
     make_optimizer,
     make_schedule,
-    make_train_step,
-    model_for,
     schedule_value,
 )
+from flax_transformer.training.state import TrainState
+from flax_transformer.training.steps import loss_fn, make_train_step
 
 LABEL_SMOOTHING = 0.1
 PAD = 0

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from bench import train_throughput as tt
-from flax_transformer.model import Transformer
+from flax_transformer.nn.model import Transformer
 
 
 def test_model_flops_match_xla_cost_analysis():

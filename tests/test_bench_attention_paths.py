@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import attention
-from flax_transformer.config import TransformerConfig
-from flax_transformer.model import Transformer
-from flax_transformer.numerics import assert_close
+from flax_transformer.nn import attention
+from flax_transformer.nn.model import Transformer
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.numerics import assert_close
 
 CFG = TransformerConfig(
     src_vocab_size=31,

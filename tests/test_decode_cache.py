@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from flax_transformer import Transformer, TransformerConfig, TransformerLM
-from flax_transformer.attention import make_causal_mask
-from flax_transformer.decode import init_cache
-from flax_transformer.numerics import assert_close
+from flax_transformer.decoding.search import init_cache
+from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.spec.numerics import assert_close
 
 PAD = 0
 BASE = dict(

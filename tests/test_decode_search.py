@@ -12,8 +12,7 @@ import torch
 
 import torch_reference
 from flax_transformer import Transformer, TransformerConfig, TransformerLM, make_causal_mask
-from flax_transformer.convert import torch_state_to_flax
-from flax_transformer.decode import (
+from flax_transformer.decoding.search import (
     beam_search,
     greedy_decode,
     length_penalty,
@@ -22,6 +21,7 @@ from flax_transformer.decode import (
     lm_sample_decode,
     sample_decode,
 )
+from flax_transformer.interop.convert import torch_state_to_flax
 
 BOS, PAD = 1, 0
 N_NEW = 10

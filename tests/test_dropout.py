@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.dropout import (
+from flax_transformer.nn.dropout import (
     Dropout,
     drop_threshold,
     dropout,
@@ -118,7 +118,7 @@ def test_gradient_is_the_mask_times_the_scale():
 def test_threefry_is_bit_identical_to_jax_primitive():
     from jax.extend.random import threefry2x32_p
 
-    from flax_transformer.dropout import threefry2x32
+    from flax_transformer.nn.dropout import threefry2x32
 
     key = jax.random.key_data(jax.random.key(123))
     count0 = jnp.arange(4096, dtype=jnp.uint32) * np.uint32(2654435761)

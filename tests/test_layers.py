@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from flax_transformer.layers import Dense, LayerNorm
+from flax_transformer.nn.layers import Dense, LayerNorm
 
 
 @pytest.mark.parametrize("use_bias", [True, False])

@@ -18,10 +18,10 @@ import numpy as np
 import optax
 import pytest
 
-from flax_transformer.config import TransformerConfig
-from flax_transformer.model import Transformer
-from flax_transformer.numerics import error_stats
-from flax_transformer.training import loss_fn, make_train_step
+from flax_transformer.nn.model import Transformer
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.numerics import error_stats
+from flax_transformer.training.steps import loss_fn, make_train_step
 
 LOGITS_RTOL = 3e-2
 GRADS_RTOL = 1e-1
@@ -122,7 +122,7 @@ def test_bf16_train_step_loss_is_float32(setup):
     params, batch = setup
     model = Transformer(BF16)
     optimizer = optax.adamw(1e-3)
-    from flax_transformer.training import TrainState
+    from flax_transformer.training.state import TrainState
 
     state = TrainState(
         step=jnp.array(0, jnp.int32),

@@ -8,15 +8,10 @@ from torch import nn
 
 import torch_reference
 from flax_transformer import Transformer, TransformerConfig, TransformerLM
-from flax_transformer.convert import torch_state_to_flax
-from flax_transformer.parity import (
-    ParityInputError,
-    compare_models,
-    compare_weights,
-    make_batch,
-    run_config,
-)
-from flax_transformer.parity_report import compare_captures, valid_entries
+from flax_transformer.interop.convert import torch_state_to_flax
+from flax_transformer.parity import ParityInputError, compare_models, compare_weights, make_batch
+from flax_transformer.parity.compare import run_config
+from flax_transformer.parity.report import compare_captures, valid_entries
 
 # d_model != d_ff != vocab, two layers so "layer k" can be the second one.
 CONFIG = TransformerConfig(

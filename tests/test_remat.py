@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.config import TransformerConfig
-from flax_transformer.model import Transformer, TransformerLM
-from flax_transformer.numerics import assert_close
+from flax_transformer.nn.model import Transformer, TransformerLM
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.numerics import assert_close
 
 CONFIG = TransformerConfig(
     src_vocab_size=23,

@@ -1,4 +1,4 @@
-"""Sharded training (flax_transformer.sharding) matches single-device training.
+"""Sharded training (flax_transformer.training.sharding) matches single-device training.
 
 The parity run needs 8 devices, so it runs in a subprocess with 8 fake CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before JAX starts):
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flax_transformer.config import TransformerConfig
-from flax_transformer.sharding import (
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.training.sharding import (
     MeshError,
     check_config_fits,
     make_mesh,
@@ -61,8 +61,10 @@ def tiny_batches(steps: int, batch: int = 8, length: int = 10):
 
 def make_state_and_step(cfg: TransformerConfig):
     """The project's train state and step (training.py), dropout and label smoothing on."""
-    from flax_transformer.model import Transformer
-    from flax_transformer.training import create_train_state, make_optimizer, make_train_step
+    from flax_transformer.nn.model import Transformer
+    from flax_transformer.training.optim import make_optimizer
+    from flax_transformer.training.state import create_train_state
+    from flax_transformer.training.steps import make_train_step
 
     model = Transformer(cfg)
     # eps 1e-4, not 1e-9: a key bias has a gradient that is zero in exact arithmetic (softmax
@@ -78,7 +80,7 @@ def run_parity(meshes=MESHES, steps: int = STEPS) -> dict:
     """Train `steps` steps on a 1x1 mesh and on each mesh; return the max differences."""
     import jax
 
-    from flax_transformer.sharding import shard_training
+    from flax_transformer.training.sharding import shard_training
 
     cfg = tiny_config()
     batches = tiny_batches(steps)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import train
-from flax_transformer.convert import load_safetensors
+from flax_transformer.interop.convert import load_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -63,9 +63,9 @@ def test_exported_torch_weights_give_the_same_logits(tiny_run):
     import torch
 
     import torch_reference
-    from flax_transformer.convert import load_torch_state
-    from flax_transformer.numerics import assert_close
-    from flax_transformer.training import load_run
+    from flax_transformer.interop.convert import load_torch_state
+    from flax_transformer.spec.numerics import assert_close
+    from flax_transformer.training.run import load_run
 
     state, config, kind = load_torch_state(tiny_run / "torch_model.safetensors")
     assert kind == "transformer"
@@ -80,7 +80,7 @@ def test_exported_torch_weights_give_the_same_logits(tiny_run):
     assert_close(np.asarray(flax_logits), torch_logits, rtol=1e-5, what="exported logits")
     # The checkpoint and the exported Flax file hold the same parameters.
     exported, _ = load_safetensors(tiny_run / "flax_params.safetensors")
-    from flax_transformer.convert import flatten_params
+    from flax_transformer.spec.naming import flatten_params
 
     for path, value in flatten_params(run.params).items():
         np.testing.assert_array_equal(exported["/".join(path)], value)
@@ -146,7 +146,7 @@ def test_lm_text_trains_a_decoder_only_model(tmp_path, capsys):
     import torch
 
     import torch_reference
-    from flax_transformer.convert import load_torch_state
+    from flax_transformer.interop.convert import load_torch_state
 
     text = "the cat sat on the mat\n机器学习很有趣\nhello world\n" * 4
     (tmp_path / "book.txt").write_text(text, encoding="utf-8")

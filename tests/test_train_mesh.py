@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flax_transformer.convert import load_safetensors
+from flax_transformer.interop.convert import load_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [

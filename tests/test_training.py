@@ -7,17 +7,15 @@ import optax
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer.training import (
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.training.optim import (
     clip_by_global_norm,
-    create_train_state,
-    make_eval_step,
     make_optimizer,
     make_schedule,
-    make_train_step,
-    model_for,
     schedule_value,
-    smoothed_cross_entropy,
 )
+from flax_transformer.training.state import create_train_state
+from flax_transformer.training.steps import make_eval_step, make_train_step, smoothed_cross_entropy
 
 CONFIG = TransformerConfig(
     src_vocab_size=40,

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flax_transformer.config import TransformerConfig
-from flax_transformer.layers import sinusoidal_table
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.sinusoid import sinusoidal_table
 
 TORCH_DTYPES = {
     "float32": torch.float32,

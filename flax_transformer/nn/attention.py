@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from .config import TransformerConfig
-from .dropout import dropout
-from .layers import Dense
+from flax_transformer.nn.dropout import dropout
+from flax_transformer.nn.layers import Dense
+from flax_transformer.spec.config import TransformerConfig
 
 
 def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:

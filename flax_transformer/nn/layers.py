@@ -6,11 +6,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
-from .config import TransformerConfig
-from .dropout import Dropout
+from flax_transformer.nn.dropout import Dropout
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.sinusoid import sinusoidal_table
 
 
 def activation_fn(name: str):
@@ -97,19 +97,6 @@ def layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
         use_bias=config.use_bias,
         name=name,
     )
-
-
-def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
-    """(max_len, d_model) table: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...).
-
-    Computed in float64 numpy so both frameworks start from the same constants.
-    """
-    position = np.arange(max_len, dtype=np.float64)[:, None]
-    div_term = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * (-np.log(10000.0) / d_model))
-    table = np.zeros((max_len, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(position * div_term)
-    table[:, 1::2] = np.cos(position * div_term[: d_model // 2])
-    return table
 
 
 class FeedForward(nn.Module):

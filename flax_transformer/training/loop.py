@@ -23,22 +23,21 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from .checkpoint import Checkpointer
-from .config import TransformerConfig
-from .convert import flax_to_torch_state, save_flax_params, save_torch_state
-from .data import BatchLoader, Dataset, eval_batches
-from .evaluation import cross_attention_maps, evaluate_decoding, evaluate_loss
-from .plots import plot_attention, plot_curves
-from .sharding import check_config_fits, make_mesh, shard_training
-from .training import (
-    TrainState,
-    create_train_state,
-    make_eval_step,
-    make_optimizer,
-    make_schedule,
-    make_train_step,
-    model_for,
+from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.training.checkpoint import Checkpointer
+from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
+from flax_transformer.training.evaluation import (
+    cross_attention_maps,
+    evaluate_decoding,
+    evaluate_loss,
 )
+from flax_transformer.training.optim import make_optimizer, make_schedule
+from flax_transformer.training.plots import plot_attention, plot_curves
+from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
+from flax_transformer.training.state import TrainState, create_train_state
+from flax_transformer.training.steps import make_eval_step, make_train_step
 
 # Test hook: SIGKILL this process right after the given step (proves resume is exact).
 KILL_ENV = "FLAX_TRANSFORMER_TEST_SIGKILL_AT_STEP"

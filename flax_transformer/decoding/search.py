@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from .attention import make_causal_mask, make_padding_mask
-from .model import TransformerLM
+from flax_transformer.nn.attention import make_causal_mask, make_padding_mask
+from flax_transformer.nn.model import TransformerLM
 
 NEG_INF = -jnp.inf
 

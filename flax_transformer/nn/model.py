@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from .attention import combine_masks, make_causal_mask, make_padding_mask
-from .blocks import DecoderBlock, EncoderBlock
-from .config import TransformerConfig
-from .dropout import Dropout
-from .layers import Dense, PositionalEncoding, layer_norm
+from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_padding_mask
+from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
+from flax_transformer.nn.dropout import Dropout
+from flax_transformer.nn.layers import Dense, PositionalEncoding, layer_norm
+from flax_transformer.spec.config import TransformerConfig
 
 
 def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:

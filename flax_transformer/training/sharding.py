@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig
 
 AXES = ("data", "model")
 DATA, MODEL = AXES

@@ -42,9 +42,9 @@ def model_inputs(batch: Mapping[str, Any], model_kind: str) -> tuple[np.ndarray,
 
 # ----------------------------------------------------------------------------- Flax
 def _flax_capture_filter():
-    from .attention import MultiHeadAttention
-    from .layers import FeedForward, LayerNorm
-    from .model import Decoder, Encoder
+    from flax_transformer.nn.attention import MultiHeadAttention
+    from flax_transformer.nn.layers import FeedForward, LayerNorm
+    from flax_transformer.nn.model import Decoder, Encoder
 
     kinds = (MultiHeadAttention, LayerNorm, FeedForward, Encoder, Decoder)
 

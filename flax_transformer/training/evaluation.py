@@ -8,8 +8,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from .data import Dataset, eval_batches
-from .training import add_sums, summarize
+from flax_transformer.training.data import Dataset, eval_batches
+from flax_transformer.training.steps import add_sums, summarize
 
 
 def evaluate_loss(eval_step, params, batches) -> dict[str, float]:
@@ -47,7 +47,9 @@ def evaluate_decoding(
     """Greedy-decode every source of a seq2seq `dataset` and score it against its target."""
     import sacrebleu
 
-    from .decode import greedy_decode  # jitted inside, one compilation per bucket length
+    from flax_transformer.decoding.search import (
+        greedy_decode,  # jitted inside, one compilation per bucket length
+    )
 
     variables = {"params": params}
     sources, references, hypotheses = [], [], []

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .training import TrainState
+from flax_transformer.training.state import TrainState
 
 ITEMS = ("params", "opt_state", "meta")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .numerics import error_stats
-from .parity_capture import ATTENTION_SUFFIX
+from flax_transformer.parity.capture import ATTENTION_SUFFIX
+from flax_transformer.spec.numerics import error_stats
 
 # Relative tolerance per computation dtype. float64 parity is ~1e-15..1e-13 (same math);
 # float32 is ~1e-7..1e-6 on the models we measured, 1e-5 leaves headroom for deep stacks.

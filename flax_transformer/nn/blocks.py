@@ -9,10 +9,10 @@ from __future__ import annotations
 import jax
 from flax import linen as nn
 
-from .attention import MultiHeadAttention
-from .config import TransformerConfig
-from .dropout import Dropout
-from .layers import FeedForward, layer_norm
+from flax_transformer.nn.attention import MultiHeadAttention
+from flax_transformer.nn.dropout import Dropout
+from flax_transformer.nn.layers import FeedForward, layer_norm
+from flax_transformer.spec.config import TransformerConfig
 
 
 def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool):

@@ -136,3 +136,18 @@ class TransformerConfig:
             return cls.from_json(text)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+
+
+def config_diff(
+    a: TransformerConfig, b: TransformerConfig, *, ignore: tuple[str, ...] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """{field: (a's value, b's value)} for every field that differs, except those in `ignore`.
+
+    The one comparison behind train.py's resume check, convert's config check and the parity
+    report's config differences.
+    """
+    return {
+        field: (value, getattr(b, field))
+        for field, value in a.to_dict().items()
+        if field not in ignore and getattr(b, field) != value
+    }

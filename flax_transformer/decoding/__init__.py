@@ -1,0 +1,1 @@
+"""Autoregressive decoding: KV-cached greedy, sampling and beam search; the generate CLI."""

@@ -1,0 +1,234 @@
+"""Translate or continue text with a model trained by train.py.
+
+    python -m flax_transformer.generate --workdir RUN [--input FILE] [--beam N | --sample ...]
+
+Reads one input per line (from --input or stdin) and writes one output line per input line to
+stdout, in order. It loads the run's config, tokenizer and latest checkpoint
+(`training.load_run`). A seq2seq run translates each line; a language-model run continues it
+(the output is the continuation only; --echo prepends the prompt). Decoding is greedy by
+default, beam search with --beam N, sampling with --sample. Newlines inside a generated text are
+written as the two characters \\n so that the output stays line-aligned.
+
+Bad input lines (empty, or too long for the model's max_len) are reported on stderr with their
+line number and produce an empty output line; the exit status is then 1. A workdir that is not a
+finished train.py run (no config, tokenizer or checkpoint) is an error (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
+
+
+class InputError(ValueError):
+    """One input line that cannot be decoded (the message names the problem)."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m flax_transformer.generate",
+        description="Translate / continue lines of text with a train.py run.",
+    )
+    parser.add_argument("--workdir", type=Path, required=True, help="a train.py workdir")
+    parser.add_argument("--input", type=Path, help="input file, one text per line (default: stdin)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="tokens to generate at most (default: as many as max_len allows)",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="lines decoded together")
+    search = parser.add_mutually_exclusive_group()
+    search.add_argument("--beam", type=int, metavar="N", help="beam search with N beams")
+    search.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty exponent")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the k best (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1: all)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
+    parser.add_argument("--echo", action="store_true", help="LM runs: print prompt + output")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error("--batch-size must be >= 1")
+    if args.beam is not None and args.beam < 1:
+        parser.error("--beam must be >= 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
+    sampling_flags = args.temperature != 1.0 or args.top_k != 0 or args.top_p != 1.0
+    if sampling_flags and not args.sample:
+        parser.error("--temperature/--top-k/--top-p need --sample")
+    return args
+
+
+def read_lines(path: Path | None) -> list[str]:
+    if path is None:
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise SystemExit(f"error: cannot read --input {path}: {err}") from None
+
+
+class Generator:
+    """Turns text lines into token batches, decodes them, and tokens back into text."""
+
+    def __init__(self, run, args: argparse.Namespace):
+        self.run, self.args = run, args
+        self.model, self.tokenizer, self.config = run.model, run.tokenizer, run.config
+        self.is_lm = run.model_kind == "lm"
+        self.max_len = self.config.max_len
+
+    # ---- text -> tokens
+    def encode(self, line: str, number: int) -> list[int]:
+        if not line.strip():
+            raise InputError(f"line {number}: empty input")
+        tok = self.tokenizer
+        if self.is_lm:
+            ids = [tok.bos_id] + tok.encode(line)
+            room = self.max_len - (self.args.max_new_tokens or 1) + 1
+            if len(ids) > room:
+                raise InputError(
+                    f"line {number}: the prompt is {len(ids)} tokens (with BOS); with "
+                    f"--max-new-tokens {self.args.max_new_tokens or 1} the model's max_len "
+                    f"{self.max_len} allows at most {room}"
+                )
+        else:
+            ids = tok.encode(line) + [tok.eos_id]
+            if len(ids) > self.max_len:
+                raise InputError(
+                    f"line {number}: the input is {len(ids)} tokens (with EOS), longer than the "
+                    f"model's max_len {self.max_len}"
+                )
+        return ids
+
+    # ---- tokens -> tokens
+    def decode_batch(self, rows: list[list[int]], batch_index: int) -> np.ndarray:
+        """Right-padded rows -> new tokens (len(rows), max_new_tokens)."""
+        import flax_transformer.decoding.search as decode
+
+        width = min(-(-max(map(len, rows)) // BUCKET) * BUCKET, self.max_len)
+        tokens = np.full((len(rows), width), self.config.pad_id, np.int32)
+        for i, row in enumerate(rows):
+            tokens[i, : len(row)] = row
+        args, tok, params = self.args, self.tokenizer, self.run.params
+        if self.is_lm:
+            lengths = np.array([len(r) for r in rows], np.int32)
+            n_new = args.max_new_tokens or self.max_len - int(lengths.max()) + 1
+            common = dict(max_new_tokens=n_new, eos_id=tok.eos_id)
+            if args.beam:
+                out, _ = decode.lm_beam_search(
+                    self.model, params, tokens, lengths, beam_size=args.beam, alpha=args.alpha,
+                    **common,
+                )  # fmt: skip
+                return np.asarray(out[:, 0])
+            if args.sample:
+                return np.asarray(
+                    decode.lm_sample_decode(
+                        self.model,
+                        params,
+                        tokens,
+                        lengths,
+                        rng=self._key(batch_index),
+                        temperature=args.temperature,
+                        top_k=args.top_k,
+                        top_p=args.top_p,
+                        **common,
+                    )  # fmt: skip
+                )
+            return np.asarray(
+                decode.lm_greedy_decode(self.model, params, tokens, lengths, **common)
+            )
+        n_new = args.max_new_tokens or self.max_len
+        common = dict(max_new_tokens=n_new, bos_id=tok.bos_id, eos_id=tok.eos_id)
+        if args.beam:
+            out, _ = decode.beam_search(
+                self.model, params, tokens, beam_size=args.beam, alpha=args.alpha, **common
+            )
+            return np.asarray(out[:, 0])
+        if args.sample:
+            return np.asarray(
+                decode.sample_decode(
+                    self.model,
+                    params,
+                    tokens,
+                    rng=self._key(batch_index),
+                    temperature=args.temperature,
+                    top_k=args.top_k,
+                    top_p=args.top_p,
+                    **common,
+                )  # fmt: skip
+            )
+        return np.asarray(decode.greedy_decode(self.model, params, tokens, **common))
+
+    def _key(self, batch_index: int):
+        import jax
+
+        return jax.random.fold_in(jax.random.key(self.args.seed), batch_index)
+
+    # ---- tokens -> text
+    def text(self, new_tokens: np.ndarray, prompt: str) -> str:
+        ids = new_tokens.tolist()
+        if self.tokenizer.eos_id in ids:
+            ids = ids[: ids.index(self.tokenizer.eos_id)]
+        out = self.tokenizer.decode(ids)
+        if self.is_lm and self.args.echo:
+            out = prompt + out
+        return out.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def generate(lines: Iterable[str], generator: Generator, batch_size: int) -> tuple[list, list]:
+    """(one output per line, error messages); a bad line gets an empty output."""
+    lines = list(lines)
+    outputs, errors, good = [""] * len(lines), [], []
+    for number, line in enumerate(lines, start=1):
+        try:
+            good.append((number - 1, generator.encode(line, number)))
+        except InputError as err:
+            errors.append(str(err))
+    for batch_index, batch in enumerate(batches(good, batch_size)):
+        new_tokens = generator.decode_batch([ids for _, ids in batch], batch_index)
+        for (index, _), row in zip(batch, new_tokens, strict=True):
+            outputs[index] = generator.text(row, lines[index])
+    return outputs, errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.workdir.is_dir():
+        print(f"error: --workdir {args.workdir} is not a directory", file=sys.stderr)
+        return 2
+    from flax_transformer.training.run import load_run
+
+    try:
+        run = load_run(args.workdir)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
+        return 2
+    generator = Generator(run, args)
+    if args.max_new_tokens is not None and args.max_new_tokens > generator.max_len:
+        print(
+            f"error: --max-new-tokens {args.max_new_tokens} is longer than the model's "
+            f"max_len {generator.max_len}",
+            file=sys.stderr,
+        )
+        return 2
+    outputs, errors = generate(read_lines(args.input), generator, args.batch_size)
+    for message in errors:
+        print(f"error: {message}; an empty line is written in its place", file=sys.stderr)
+    for out in outputs:
+        print(out)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,270 @@
+"""Weight conversion between the Flax tree and the torch state_dict: one naming rule.
+
+Flax path `a/b/layers_3/c/kernel` <-> torch key `a.b.layers.3.c.weight`. Leaves: Dense `kernel`
+(in, out) <-> Linear `weight` (out, in), transposed; LayerNorm `scale`, Embed `embedding` and
+learned positions `weight` <-> `weight`; `bias` <-> `bias`. Conversion is strict: every missing,
+unexpected or mis-shaped key is reported in one ConversionError. dtypes are kept.
+
+Files are safetensors with the config JSON in the metadata, so a file describes itself.
+This module does not import torch (only the `.pt` reader does, lazily).
+
+CLI: python -m flax_transformer.convert IN OUT [--config CONFIG.json] [--model transformer|lm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flax_transformer.spec.config import TransformerConfig, config_diff
+from flax_transformer.spec.kinds import MODEL_KINDS, SEQ2SEQ, infer_model_kind
+from flax_transformer.spec.naming import (
+    LEAF_TO_TORCH,
+    convert_layout,
+    flatten_params,
+    flax_path_to_torch_key,
+    is_transposed,
+    unflatten_params,
+)
+from flax_transformer.spec.tree_check import ConversionError, check_tree
+
+FORMAT_FLAX, FORMAT_TORCH = "flax", "torch"
+
+
+def expected_param_shapes(config: TransformerConfig, model: str = SEQ2SEQ):
+    """{flax path: (shape, dtype)} of the model the config describes, without allocating it."""
+    from flax_transformer.nn.kinds import abstract_variables, model_for
+
+    abstract = abstract_variables(model_for(config, model))["params"]
+    return {path: (tuple(a.shape), a.dtype) for path, a in flatten_params(abstract).items()}
+
+
+# ----------------------------------------------------------------------------- conversion
+def torch_state_to_flax(
+    state: Mapping[str, np.ndarray], config: TransformerConfig, model: str | None = None
+) -> dict[str, Any]:
+    """torch state_dict (numpy arrays) -> Flax params {'params': ...}, strictly checked."""
+    model = model or infer_model_kind(state)
+    expected = {p: shape for p, (shape, _) in expected_param_shapes(config, model).items()}
+    where = f"torch state -> flax params ({model}, d_model={config.d_model})"
+    return torch_state_to_params(state, expected, where)
+
+
+def torch_state_to_params(
+    state: Mapping[str, np.ndarray],
+    expected: Mapping[tuple[str, ...], tuple[int, ...]],
+    where: str = "torch state -> flax params",
+) -> dict[str, Any]:
+    """Convert to the Flax tree whose {path: shape} is `expected` (any module, e.g. one block)."""
+    torch_shapes = {
+        flax_path_to_torch_key(path): tuple(shape[::-1]) if is_transposed(path) else tuple(shape)
+        for path, shape in expected.items()
+    }
+    found = {key: tuple(np.shape(value)) for key, value in state.items()}
+    check_tree(found, torch_shapes, where)
+    flat = {
+        path: np.array(convert_layout(path, np.asarray(state[flax_path_to_torch_key(path)])))
+        for path in expected
+    }
+    return {"params": unflatten_params(flat)}
+
+
+def flax_to_torch_state(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Flax params (nested dict, with or without the 'params' level) -> {torch key: ndarray}."""
+    state = {}
+    for path, leaf in flatten_params(params).items():
+        if path[-1] not in LEAF_TO_TORCH:
+            raise ConversionError(f"unknown parameter leaf {'/'.join(path)!r}")
+        state[flax_path_to_torch_key(path)] = np.array(convert_layout(path, np.asarray(leaf)))
+    return state
+
+
+def check_flax_params(params: Mapping[str, Any], config: TransformerConfig, model: str) -> None:
+    """Raise one ConversionError if `params` does not have exactly the config's structure."""
+    expected = {p: shape for p, (shape, _) in expected_param_shapes(config, model).items()}
+    found = {p: tuple(np.shape(v)) for p, v in flatten_params(params).items()}
+    where = f"flax params vs config ({model}, d_model={config.d_model})"
+    check_tree(found, expected, where, what="param", name="/".join)
+
+
+# ----------------------------------------------------------------------------- files
+_ST_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def _numpy_dtype(name: str):
+    if name == "BF16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in _ST_DTYPES:
+        raise ConversionError(f"unsupported safetensors dtype {name!r}")
+    return np.dtype(_ST_DTYPES[name])
+
+
+def save_safetensors(
+    path: str | Path,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    config: TransformerConfig,
+    fmt: str,
+    model: str,
+) -> None:
+    """Write `tensors` with {'format', 'model', 'config'} in the metadata."""
+    from safetensors.numpy import save_file
+
+    metadata = {"format": fmt, "model": model, "config": config.to_json()}
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata)
+
+
+def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(tensors, metadata) from a safetensors file; bfloat16 comes back as ml_dtypes.bfloat16."""
+    import safetensors
+
+    try:
+        raw = Path(path).read_bytes()
+        items = safetensors.deserialize(raw)
+        with safetensors.safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+    except (OSError, safetensors.SafetensorError) as err:
+        raise ConversionError(f"{path}: not a readable safetensors file ({err})") from None
+    tensors = {}
+    for name, info in items:
+        dtype = _numpy_dtype(info["dtype"])
+        tensors[name] = np.frombuffer(bytearray(info["data"]), dtype=dtype).reshape(info["shape"])
+    return tensors, metadata
+
+
+def save_flax_params(path, params, config: TransformerConfig, model: str = "transformer") -> None:
+    flat = {"/".join(p): np.asarray(v) for p, v in flatten_params(params).items()}
+    save_safetensors(path, flat, config=config, fmt=FORMAT_FLAX, model=model)
+
+
+def save_torch_state(path, state, config: TransformerConfig, model: str = "transformer") -> None:
+    save_safetensors(path, state, config=config, fmt=FORMAT_TORCH, model=model)
+
+
+def _config_from_metadata(path, metadata) -> TransformerConfig | None:
+    if "config" not in metadata:
+        return None
+    try:
+        return TransformerConfig.from_json(metadata["config"])
+    except ValueError as err:
+        raise ConversionError(f"{path}: config in the file's metadata is invalid: {err}") from None
+
+
+def load_weights(path, config: TransformerConfig | None = None, model: str | None = None):
+    """Read a weight file of either framework. Returns (format, tensors, config, model).
+
+    `tensors` is {torch key: array} for the torch format and {flax path 'a/b/kernel': array}
+    for the Flax format. `.pt`/`.pth` files are torch state_dicts loaded with
+    weights_only=True (checkpoints are untrusted input); they carry no config, so one must
+    be given. A config given here must equal the file's own, if it has one.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConversionError(f"{path}: no such file")
+    if path.suffix in (".pt", ".pth", ".bin"):
+        tensors, metadata, fmt = _load_torch_pickle(path), {}, FORMAT_TORCH
+    else:
+        tensors, metadata = load_safetensors(path)
+        fmt = metadata.get("format") or (
+            FORMAT_FLAX if any("/" in k for k in tensors) else FORMAT_TORCH
+        )
+    file_config = _config_from_metadata(path, metadata)
+    if config is not None and file_config is not None and config != file_config:
+        diff = config_diff(config, file_config)
+        raise ConversionError(
+            f"{path}: the given config differs from the file's own: "
+            + ", ".join(f"{k}: given {a!r}, file {b!r}" for k, (a, b) in diff.items())
+        )
+    config = config or file_config
+    if config is None:
+        raise ConversionError(f"{path}: the file carries no config; pass one (--config)")
+    model = model or metadata.get("model") or infer_model_kind(k.replace("/", ".") for k in tensors)
+    return fmt, tensors, config, model
+
+
+def _load_torch_pickle(path: Path) -> dict[str, np.ndarray]:
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a bad pickle
+        raise ConversionError(f"{path}: not a loadable torch file ({err})") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ConversionError(f"{path}: expected a state_dict of tensors")
+    from torch_reference.model import tensor_to_numpy
+
+    return {k: tensor_to_numpy(v) for k, v in obj.items()}
+
+
+def load_flax_params(path, config: TransformerConfig | None = None, model: str | None = None):
+    """Any weight file -> (Flax params, config, model), converting from torch if needed."""
+    fmt, tensors, config, model = load_weights(path, config, model)
+    if fmt == FORMAT_TORCH:
+        return torch_state_to_flax(tensors, config, model), config, model
+    params = {"params": unflatten_params({tuple(k.split("/")): v for k, v in tensors.items()})}
+    check_flax_params(params, config, model)
+    return params, config, model
+
+
+def load_torch_state(path, config: TransformerConfig | None = None, model: str | None = None):
+    """Any weight file -> ({torch key: array}, config, model), strictly checked."""
+    params, config, model = load_flax_params(path, config, model)
+    return flax_to_torch_state(params), config, model
+
+
+# ----------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flax_transformer.convert",
+        description="Convert a torch_reference weight file (.safetensors or .pt) to a Flax "
+        "safetensors file, or a Flax file back to torch keys. The direction follows the input.",
+    )
+    parser.add_argument("input", help="torch .safetensors/.pt or Flax .safetensors file")
+    parser.add_argument("output", help="where to write the converted .safetensors file")
+    parser.add_argument("--config", help="TransformerConfig JSON (needed for .pt input)")
+    parser.add_argument("--model", choices=MODEL_KINDS, help="default: from the file / its keys")
+    args = parser.parse_args(argv)
+    try:
+        config = TransformerConfig.load(args.config) if args.config else None
+        fmt, _, config, model = load_weights(args.input, config, args.model)
+        params, config, model = load_flax_params(args.input, config, model)
+        if fmt == FORMAT_TORCH:
+            save_flax_params(args.output, params, config, model)
+            direction = "torch -> flax"
+        else:
+            save_torch_state(args.output, flax_to_torch_state(params), config, model)
+            direction = "flax -> torch"
+    except (ConversionError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    count = len(flatten_params(params))
+    print(
+        json.dumps(
+            {"converted": direction, "model": model, "tensors": count, "output": str(args.output)}
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

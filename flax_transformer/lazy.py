@@ -1,0 +1,27 @@
+"""Lazy re-exports: a package names what it offers; the module behind a name loads on first use.
+
+So `import flax_transformer` (or one of its subpackages) stays cheap and loads no JAX until a
+JAX-backed name is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]):
+    """(__getattr__, __dir__) for a package: `exports` maps public name -> defining module."""
+
+    def __getattr__(name: str):
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name]), name)
+        globals_of_package = importlib.import_module(package).__dict__
+        globals_of_package[name] = value  # later lookups skip __getattr__
+        return value
+
+    def __dir__():
+        return sorted(set(exports) | set(importlib.import_module(package).__dict__))
+
+    return __getattr__, __dir__

@@ -1,0 +1,23 @@
+"""Parity: where do two implementations of the same model start to differ?
+
+- `capture`: every intermediate of one forward pass, on each side, by canonical name.
+- `report`: per-tensor errors in execution order, the first divergence, table and JSON.
+- `compare`: the API (`compare_models`, `compare_weights`); `inputs`: token batches;
+  `cli`: `python -m flax_transformer.parity A B`.
+"""
+
+from flax_transformer.lazy import lazy_exports
+
+_EXPORTS = {
+    "compare_models": "flax_transformer.parity.compare",
+    "compare_weights": "flax_transformer.parity.compare",
+    "ParityInputError": "flax_transformer.parity.compare",
+    "make_batch": "flax_transformer.parity.inputs",
+    "batch_from_texts": "flax_transformer.parity.inputs",
+    "check_batch": "flax_transformer.parity.inputs",
+    "ParityReport": "flax_transformer.parity.report",
+    "TensorComparison": "flax_transformer.parity.report",
+    "DEFAULT_TOLERANCES": "flax_transformer.parity.report",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

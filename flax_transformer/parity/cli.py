@@ -1,0 +1,250 @@
+"""`python -m flax_transformer.parity A B`: the parity report on two weight files or workdirs.
+
+Exit 0: all within tolerance, 1: something out of tolerance, 2: bad input.
+    python -m flax_transformer.parity A B [--dtype float64|float32] [--tol T] [--json OUT]
+        [--input TEXT ...] [--target TEXT ...] [--tokenizer tokenizer.json]
+A's weights run in Flax, B's weights run in the torch twin (pass the same file twice to check
+the two implementations against each other). A and B are torch_reference or Flax safetensors
+files (or `.pt` state_dicts with --config) or train.py workdirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flax_transformer.interop.convert import (
+    MODEL_KINDS,
+    ConversionError,
+    expected_param_shapes,
+    load_flax_params,
+)
+from flax_transformer.parity.compare import RUN_DTYPES, RUNTIME_FIELDS, compare_weights
+from flax_transformer.parity.inputs import (
+    ParityInputError,
+    batch_from_texts,
+    check_batch,
+    make_batch,
+)
+from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport
+from flax_transformer.spec.config import TransformerConfig, config_diff
+
+WORKDIR_WEIGHTS = ("flax_params.safetensors", "torch_model.safetensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSource:
+    """One side of the CLI: Flax params, their config and model kind, where they came from."""
+
+    label: str
+    params: Mapping[str, Any]
+    config: TransformerConfig
+    model_kind: str
+    tokenizer_path: Path | None = None
+
+
+def load_source(
+    path: str | Path, config: TransformerConfig | None = None, model: str | None = None
+) -> WeightSource:
+    """A weight file of either framework, or a train.py workdir, as Flax params."""
+    path = Path(path)
+    if path.is_dir():
+        tokenizer = path / "tokenizer.json"
+        tokenizer = tokenizer if tokenizer.exists() else None
+        for name in WORKDIR_WEIGHTS:
+            if (path / name).exists():
+                params, config, model = load_flax_params(path / name, config, model)
+                return WeightSource(str(path / name), params, config, model, tokenizer)
+        if (path / "checkpoints").is_dir() and (path / "config.json").exists():
+            # A run still going (or stopped early): its latest Orbax checkpoint.
+            from flax_transformer.training.run import load_run
+
+            run = load_run(path)
+            label = f"{path} (checkpoint step {run.step})"
+            return WeightSource(label, run.params, run.config, run.model_kind, tokenizer)
+        raise ParityInputError(
+            f"{path}: a directory without {' or '.join(WORKDIR_WEIGHTS)} or checkpoints/; "
+            "expected a weight file or a train.py workdir"
+        )
+    if not path.exists():
+        raise ParityInputError(f"{path}: no such file or directory")
+    params, config, model = load_flax_params(path, config, model)
+    return WeightSource(str(path), params, config, model)
+
+
+def check_compatible(a: WeightSource, b: WeightSource, allow_config_diff: bool) -> dict:
+    """Raise ParityInputError unless A and B can be compared; return their config differences."""
+    if a.model_kind != b.model_kind:
+        raise ParityInputError(
+            f"A is a {a.model_kind!r} model and B a {b.model_kind!r} model: not comparable"
+        )
+    diffs = config_diff(a.config, b.config, ignore=RUNTIME_FIELDS)
+    described = ", ".join(f"{k}: A {va!r}, B {vb!r}" for k, (va, vb) in diffs.items())
+    if diffs and not allow_config_diff:
+        raise ParityInputError(
+            f"A and B have different configs ({described}). To run each side with its own "
+            "config (same weight shapes needed), pass --allow-config-diff"
+        )
+    if diffs:
+        shapes_a = {p: s for p, (s, _) in expected_param_shapes(a.config, a.model_kind).items()}
+        shapes_b = {p: s for p, (s, _) in expected_param_shapes(b.config, b.model_kind).items()}
+        if shapes_a != shapes_b:
+            raise ParityInputError(
+                f"A and B have different configs ({described}) with different weight shapes: "
+                "their layers cannot be matched"
+            )
+    return diffs
+
+
+def _tokenizer_for(args, sources: Sequence[WeightSource]):
+    path = args.tokenizer or next(
+        (s.tokenizer_path for s in sources if s.tokenizer_path is not None), None
+    )
+    if path is None:
+        raise ParityInputError(
+            "--input needs a tokenizer: pass --tokenizer tokenizer.json, or give a train.py "
+            "workdir (its tokenizer.json is used)"
+        )
+    try:
+        from flax_transformer.training.tokenizer import load_tokenizer
+    except ImportError as err:
+        raise ParityInputError(f"cannot load tokenizers in this install ({err})") from None
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as err:
+        raise ParityInputError(f"{path}: cannot load the tokenizer ({err})") from None
+
+
+# ----------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m flax_transformer.parity.compare",
+        description="Run A's weights in the Flax model and B's weights in the torch twin on the "
+        "same inputs, compare every intermediate (embeddings, each sub-layer, attention weights, "
+        "stack outputs, logits) and report where they start to diverge. Exit status: 0 all "
+        "within tolerance, 1 something out of tolerance, 2 bad input.",
+    )
+    parser.add_argument(
+        "a",
+        help="weights run in Flax: .safetensors (either framework), "
+        ".pt (with --config) or a train.py workdir",
+    )
+    parser.add_argument("b", help="weights run in the torch twin (same kinds as A)")
+    parser.add_argument(
+        "--dtype",
+        choices=RUN_DTYPES,
+        default="float64",
+        help="computation dtype of both sides (default float64: the sharpest test of the math; "
+        "float32 noise hides differences below ~1e-5, e.g. LayerNorm eps 1e-5 vs 1e-6)",
+    )
+    parser.add_argument(
+        "--tol",
+        type=float,
+        help="relative tolerance (max abs error / max |torch value|); default "
+        + ", ".join(f"{k} {DEFAULT_TOLERANCES[k]:.0e}" for k in RUN_DTYPES),
+    )
+    parser.add_argument(
+        "--json",
+        metavar="OUT",
+        help="also write the report as JSON ('-': print JSON instead of the table)",
+    )
+    parser.add_argument(
+        "--input",
+        action="append",
+        metavar="TEXT",
+        help="text to run (repeatable); default: a generated random batch",
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        metavar="TEXT",
+        help="seq2seq target text per --input (default: the input text)",
+    )
+    parser.add_argument("--tokenizer", help="tokenizer.json for --input (default: a workdir's)")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--src-len", type=int, default=16)
+    parser.add_argument("--tgt-len", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--include-masked",
+        action="store_true",
+        help="compare padding rows and masked attention entries too",
+    )
+    parser.add_argument(
+        "--allow-config-diff",
+        action="store_true",
+        help="run A and B with their own configs when only non-shape fields "
+        "differ (e.g. layer_norm_eps, activation, norm_first)",
+    )
+    parser.add_argument("--config", help="TransformerConfig JSON for files without one (.pt)")
+    parser.add_argument("--model", choices=MODEL_KINDS, help="default: from the files")
+    return parser
+
+
+def run_cli(args: argparse.Namespace) -> ParityReport:
+    config = TransformerConfig.load(args.config) if args.config else None
+    a = load_source(args.a, config, args.model)
+    b = load_source(args.b, config, args.model)
+    diffs = check_compatible(a, b, args.allow_config_diff)
+    if args.batch_size < 1 or args.src_len < 1 or args.tgt_len < 1:
+        raise ParityInputError("--batch-size, --src-len and --tgt-len must be >= 1")
+    if args.target and not args.input:
+        raise ParityInputError("--target needs --input")
+    if args.input:
+        batch = batch_from_texts(
+            _tokenizer_for(args, (a, b)), args.input, a.model_kind, args.target
+        )
+    else:
+        short = a.config if a.config.max_len <= b.config.max_len else b.config
+        batch = make_batch(
+            short,
+            a.model_kind,
+            batch_size=args.batch_size,
+            src_len=args.src_len,
+            tgt_len=args.tgt_len,
+            seed=args.seed,
+        )
+    check_batch(batch, b.config, b.model_kind)
+    from flax_transformer.interop.convert import flax_to_torch_state
+
+    return compare_weights(
+        a.config,
+        a.params,
+        flax_to_torch_state(b.params),
+        batch,
+        model_kind=a.model_kind,
+        dtype=args.dtype,
+        torch_config=b.config,
+        tol=args.tol,
+        exclude_masked=not args.include_masked,
+        labels=(f"A={a.label} (Flax)", f"B={b.label} (torch)"),
+        info={
+            "a": a.label,
+            "b": b.label,
+            "config_differences": {k: list(v) for k, v in diffs.items()},
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        report = run_cli(args)
+    except (ParityInputError, ConversionError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json == "-":
+        print(report.to_json())
+    else:
+        print(report.format_table())
+        if args.json:
+            Path(args.json).write_text(report.to_json() + "\n")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

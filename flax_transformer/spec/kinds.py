@@ -1,0 +1,35 @@
+"""The model kinds, by name (numpy only; the linen classes are registered in nn/kinds.py)."""
+
+from __future__ import annotations
+
+SEQ2SEQ, LM = "transformer", "lm"
+MODEL_KINDS = (SEQ2SEQ, LM)
+
+
+def check_kind(kind: str) -> str:
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
+    return kind
+
+
+def infer_model_kind(keys) -> str:
+    """A state with an encoder or a source embedding is seq2seq; otherwise decoder-only."""
+    for key in keys:
+        key = key if isinstance(key, str) else ".".join(key)
+        if key.startswith(("encoder", "src_embed", "shared_embed")):
+            return SEQ2SEQ
+    return LM
+
+
+# The token arrays each kind takes, in call order: batch keys and positional model arguments.
+INPUT_NAMES = {SEQ2SEQ: ("src", "tgt_in"), LM: ("tgt_in",)}
+
+
+def model_inputs(batch, kind: str) -> tuple:
+    """The positional token arrays a model of `kind` takes from a batch dict."""
+    return tuple(batch[name] for name in INPUT_NAMES[check_kind(kind)])
+
+
+def kind_of_batch(batch) -> str:
+    """A batch with a source is seq2seq; one with only target tokens is an LM batch."""
+    return SEQ2SEQ if "src" in batch else LM

@@ -1,0 +1,2 @@
+"""Training: state, optimizer, loss and steps, the loop, checkpoints, data, tokenizers,
+evaluation, plots, sharding, run directories."""

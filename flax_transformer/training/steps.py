@@ -1,0 +1,132 @@
+"""The loss and the pure train / eval steps.
+
+Everything here is a pure function of its inputs, so the steps can be jitted, donated,
+benchmarked and sharded by other code:
+
+    model = model_for(config, "transformer")
+    optimizer = make_optimizer(make_schedule("inverse_sqrt", 1e-3, 400, steps), ...)
+    state = create_train_state(model, optimizer, seed=0)
+    step = jax.jit(make_train_step(model, optimizer, label_smoothing=0.1), donate_argnums=0)
+    state, metrics = step(state, batch)     # metrics: sums and counts, no Python logging
+
+Losses are (sum over real tokens, token count) so that averages stay exact across batches and
+devices; label smoothing has its normalising constant subtracted, so a model that predicts the
+smoothed target distribution exactly has loss 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from flax_transformer.training.state import TrainState
+
+
+# ----------------------------------------------------------------------------- loss
+def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float = 0.0):
+    """(sum of per-token losses * weights, sum of weights).
+
+    The target distribution is torch's: (1 - eps) * one_hot + eps / vocab on every class. Its
+    entropy is subtracted, so the loss is KL(target || model) and a perfect model scores 0;
+    gradients equal torch's cross_entropy(label_smoothing=eps).
+    """
+    vocab = logits.shape[-1]
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    log_probs = jax.nn.log_softmax(logits, axis=-1)  # (batch, len, vocab)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing > 0.0:
+        off = label_smoothing / vocab
+        on = 1.0 - label_smoothing + off
+        entropy = -(on * math.log(on) + (vocab - 1) * off * math.log(off))
+        smooth = -jnp.mean(log_probs, axis=-1)
+        per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth - entropy
+    else:
+        per_token = nll
+    weights = weights.astype(per_token.dtype)
+    return jnp.sum(per_token * weights), jnp.sum(weights)
+
+
+def compute_logits(model, params, batch, *, deterministic: bool = True, rngs=None):
+    """Teacher-forced logits (batch, tgt_len, vocab) for a seq2seq or LM batch."""
+    variables = {"params": params}
+    if "src" in batch:
+        return model.apply(
+            variables, batch["src"], batch["tgt_in"], deterministic=deterministic, rngs=rngs
+        )
+    return model.apply(variables, batch["tgt_in"], deterministic=deterministic, rngs=rngs)
+
+
+def loss_fn(
+    params,
+    batch,
+    dropout_rng=None,
+    *,
+    model,
+    label_smoothing: float = 0.0,
+    deterministic: bool = True,
+):
+    """(mean loss over real target tokens, aux {"loss_sum", "token_count", "correct"})."""
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    logits = compute_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
+    targets = batch["tgt_out"]
+    weights = targets != model.config.pad_id
+    loss_sum, count = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & weights)
+    aux = {"loss_sum": loss_sum, "token_count": count, "correct": correct}
+    return loss_sum / jnp.maximum(count, 1.0), aux
+
+
+# ----------------------------------------------------------------------------- steps
+def make_train_step(model, optimizer, label_smoothing: float = 0.0) -> Callable:
+    """step(state, batch) -> (state, metrics); pure, for jax.jit(step, donate_argnums=0).
+
+    metrics: loss_sum, token_count, correct (sums over the batch), grad_norm (before clipping).
+    """
+
+    def train_step(state: TrainState, batch):
+        dropout_rng = jax.random.fold_in(state.rng, state.step)
+        grad_fn = jax.grad(loss_fn, has_aux=True)
+        grads, aux = grad_fn(
+            state.params,
+            batch,
+            dropout_rng,
+            model=model,
+            label_smoothing=label_smoothing,
+            deterministic=False,
+        )
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(aux, grad_norm=optax.tree.norm(grads))
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model, label_smoothing: float = 0.0) -> Callable:
+    """eval_step(params, batch) -> {"loss_sum", "token_count", "correct"}; no dropout."""
+
+    def eval_step(params, batch):
+        _, aux = loss_fn(params, batch, model=model, label_smoothing=label_smoothing)
+        return aux
+
+    return eval_step
+
+
+def summarize(sums: dict[str, float]) -> dict[str, float]:
+    """Sums over batches -> {"loss", "token_accuracy"} per real token."""
+    count = max(float(sums["token_count"]), 1.0)
+    loss = float(sums["loss_sum"]) / count
+    return {"loss": loss, "token_accuracy": float(sums["correct"]) / count}
+
+
+def add_sums(total: dict[str, float] | None, metrics) -> dict[str, float]:
+    keys = ("loss_sum", "token_count", "correct")
+    metrics = {k: float(metrics[k]) for k in keys}
+    if total is None:
+        return metrics
+    return {k: total[k] + metrics[k] for k in total}
