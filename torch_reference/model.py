@@ -1,8 +1,8 @@
 """The same Transformer as plain PyTorch nn.Modules, built from the same TransformerConfig.
 
-Module and parameter names mirror the Flax tree (docs/architecture.md's table), so `state_dict()` keys are
-the canonical torch keys. Mask convention as in Flax: boolean, True = may attend, broadcastable
-to (batch, heads, q_len, k_len); a fully masked query row yields zeros.
+Module and parameter names mirror the Flax tree (docs/architecture.md's table), so
+`state_dict()` keys are the canonical torch keys. Mask convention as in Flax: boolean, True =
+may attend, broadcastable to (batch, heads, q_len, k_len); a fully masked query row yields zeros.
 """
 
 from __future__ import annotations

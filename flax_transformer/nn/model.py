@@ -1,7 +1,7 @@
 """Encoder / decoder stacks and the two models: Transformer (seq2seq) and TransformerLM.
 
-Parameter names follow the canonical table in docs/architecture.md (Flax path a/layers_3/b/kernel <->
-torch key a.layers.3.b.weight), so conversion is one rule.
+Parameter names follow the canonical table in docs/architecture.md (Flax path
+a/layers_3/b/kernel <-> torch key a.layers.3.b.weight), so conversion is one rule.
 """
 
 from __future__ import annotations
