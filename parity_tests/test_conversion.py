@@ -79,7 +79,7 @@ def test_files_carry_their_config_and_round_trip(tmp_path):
 
 def run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "flax_transformer.interop.convert", *map(str, args)],
+        [sys.executable, "-m", "flax_transformer.convert", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,

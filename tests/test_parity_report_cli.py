@@ -1,4 +1,4 @@
-"""`python -m flax_transformer.parity.compare A B`: exit 0 when A (in Flax) and B (in torch) agree,
+"""`python -m flax_transformer.parity A B`: exit 0 when A (in Flax) and B (in torch) agree,
 1 with the first divergence named when they do not, 2 with a clear message for bad input."""
 
 import json
@@ -161,7 +161,7 @@ def test_input_needs_a_tokenizer(files, capsys):
 @pytest.mark.slow
 def test_module_entry_point_exit_status(files):
     """What another project's CI runs: the exit status says whether the two agree."""
-    command = [sys.executable, "-m", "flax_transformer.parity.compare", *SMALL_RUN]
+    command = [sys.executable, "-m", "flax_transformer.parity", *SMALL_RUN]
     broken = subprocess.run(
         command + [str(files["flax"]), str(files["broken"])],
         cwd=ROOT,

@@ -150,12 +150,12 @@ def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
     return tensors, metadata
 
 
-def save_flax_params(path, params, config: TransformerConfig, model: str = "transformer") -> None:
+def save_flax_params(path, params, config: TransformerConfig, model: str = SEQ2SEQ) -> None:
     flat = {"/".join(p): np.asarray(v) for p, v in flatten_params(params).items()}
     save_safetensors(path, flat, config=config, fmt=FORMAT_FLAX, model=model)
 
 
-def save_torch_state(path, state, config: TransformerConfig, model: str = "transformer") -> None:
+def save_torch_state(path, state, config: TransformerConfig, model: str = SEQ2SEQ) -> None:
     save_safetensors(path, state, config=config, fmt=FORMAT_TORCH, model=model)
 
 

@@ -11,7 +11,7 @@ from flax_transformer.lazy import lazy_exports
 _EXPORTS = {
     "compare_models": "flax_transformer.parity.compare",
     "compare_weights": "flax_transformer.parity.compare",
-    "ParityInputError": "flax_transformer.parity.compare",
+    "ParityInputError": "flax_transformer.parity.inputs",
     "make_batch": "flax_transformer.parity.inputs",
     "batch_from_texts": "flax_transformer.parity.inputs",
     "check_batch": "flax_transformer.parity.inputs",

@@ -16,28 +16,27 @@ the torch side also the order in which the values were computed.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from flax_transformer.spec.kinds import SEQ2SEQ
+from flax_transformer.spec.kinds import model_inputs as kind_inputs
+from flax_transformer.spec.naming import module_name
 
 SOWN_EMBEDDINGS = ("src_embedded", "tgt_embedded")
 ATTENTION_SUFFIX = ".attention_weights"
 
 
 def flax_path_to_name(path: tuple[str, ...]) -> str:
-    """('encoder', 'layers_0', 'ffn') -> 'encoder.layers.0.ffn'; () -> 'logits'."""
-    if not path:
-        return "logits"
-    return ".".join(re.sub(r"^layers_(\d+)$", r"layers.\1", part) for part in path)
+    """('encoder', 'layers_0', 'ffn') -> 'encoder.layers.0.ffn' (the naming rule); () -> logits."""
+    return module_name(path) if path else "logits"
 
 
 def model_inputs(batch: Mapping[str, Any], model_kind: str) -> tuple[np.ndarray, ...]:
     """The positional token arrays the model takes: (src, tgt_in) or (tgt_in,)."""
-    if model_kind == "transformer":
-        return (np.asarray(batch["src"]), np.asarray(batch["tgt_in"]))
-    return (np.asarray(batch["tgt_in"]),)
+    return tuple(np.asarray(x) for x in kind_inputs(batch, model_kind))
 
 
 # ----------------------------------------------------------------------------- Flax
@@ -105,7 +104,7 @@ def capture_torch(
         torch_reference.Encoder,
         torch_reference.Decoder,
     )
-    embedding_names = list(SOWN_EMBEDDINGS if model_kind == "transformer" else SOWN_EMBEDDINGS[1:])
+    embedding_names = list(SOWN_EMBEDDINGS if model_kind == SEQ2SEQ else SOWN_EMBEDDINGS[1:])
     captured: dict[str, np.ndarray] = {}
     order: list[str] = []
 

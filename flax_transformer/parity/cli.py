@@ -122,7 +122,7 @@ def _tokenizer_for(args, sources: Sequence[WeightSource]):
 # ----------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.parity.compare",
+        prog="python -m flax_transformer.parity",
         description="Run A's weights in the Flax model and B's weights in the torch twin on the "
         "same inputs, compare every intermediate (embeddings, each sub-layer, attention weights, "
         "stack outputs, logits) and report where they start to diverge. Exit status: 0 all "

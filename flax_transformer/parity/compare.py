@@ -15,13 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from flax_transformer.interop.convert import (
-    MODEL_KINDS,
-)
 from flax_transformer.parity.capture import capture_flax, capture_torch
 from flax_transformer.parity.inputs import ParityInputError, check_batch, make_batch
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport, compare_captures
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.kinds import CLASS_NAMES, MODEL_KINDS, SEQ2SEQ
 
 RUN_DTYPES = ("float32", "float64")
 # Fields that do not change the function computed in a deterministic forward pass (dtype is set
@@ -48,10 +46,10 @@ def compare_models(
     mode. The dtype is the Flax model's config.dtype; tol (relative) defaults per dtype
     (DEFAULT_TOLERANCES). The torch side is the reference of the relative error.
     """
-    from flax_transformer.nn.model import Transformer
+    from flax_transformer.nn.kinds import kind_of
 
     config = flax_model.config
-    kind = "transformer" if isinstance(flax_model, Transformer) else "lm"
+    kind = kind_of(flax_model)
     check_batch(batch, config, kind)
     dtype = config.dtype
     torch_dtypes = {str(p.dtype).removeprefix("torch.") for p in torch_model.parameters()}
@@ -88,7 +86,7 @@ def compare_weights(
     torch_state: Mapping[str, np.ndarray],
     batch: Mapping[str, Any] | None = None,
     *,
-    model_kind: str = "transformer",
+    model_kind: str = SEQ2SEQ,
     dtype: str = "float64",
     torch_config: TransformerConfig | None = None,
     tol: float | None = None,
@@ -102,7 +100,7 @@ def compare_weights(
     side run a different but weight-compatible config. batch defaults to `make_batch`.
     """
     import torch_reference
-    from flax_transformer.nn.model import Transformer, TransformerLM
+    from flax_transformer.nn.kinds import model_for
 
     if model_kind not in MODEL_KINDS:
         raise ParityInputError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
@@ -113,9 +111,8 @@ def compare_weights(
     if batch is None:
         batch = make_batch(flax_config, model_kind)
     params = _cast_tree(flax_params, dtype)
-    flax_model = (Transformer if model_kind == "transformer" else TransformerLM)(flax_config)
-    torch_cls = {"transformer": torch_reference.Transformer, "lm": torch_reference.TransformerLM}
-    torch_model = torch_cls[model_kind](torch_config)
+    flax_model = model_for(flax_config, model_kind)
+    torch_model = getattr(torch_reference, CLASS_NAMES[model_kind])(torch_config)
     state = {k: np.asarray(v, dtype=dtype) for k, v in torch_state.items()}
     try:
         torch_reference.load_numpy_state(torch_model, state)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.kinds import INPUT_NAMES
+from flax_transformer.spec.kinds import INPUT_NAMES, LM, SEQ2SEQ
 
 
 class ParityInputError(ValueError):
@@ -62,7 +62,7 @@ def make_batch(
         return ids.astype(np.int32)
 
     batch = {"tgt_in": tokens(config.tgt_vocab_size, tgt_len)}
-    if model_kind == "transformer":
+    if model_kind == SEQ2SEQ:
         batch = {"src": tokens(config.src_vocab_size, src_len)} | batch
     return batch
 
@@ -88,7 +88,7 @@ def batch_from_texts(
 
     targets = list(targets) if targets is not None else list(texts)
     tgt_in = padded([[tokenizer.bos_id] + tokenizer.encode(t) for t in targets])
-    if model_kind == "lm":
+    if model_kind == LM:
         return {"tgt_in": tgt_in}
     src = padded([tokenizer.encode(t) + [tokenizer.eos_id] for t in texts])
     return {"src": src, "tgt_in": tgt_in}

@@ -33,3 +33,7 @@ def model_inputs(batch, kind: str) -> tuple:
 def kind_of_batch(batch) -> str:
     """A batch with a source is seq2seq; one with only target tokens is an LM batch."""
     return SEQ2SEQ if "src" in batch else LM
+
+
+# Each kind's class name, the same in both twins (flax_transformer.nn.model, torch_reference).
+CLASS_NAMES = {SEQ2SEQ: "Transformer", LM: "TransformerLM"}
