@@ -1,4 +1,4 @@
-"""A seq2seq model on PyTorch's own torch.nn.Transformer with the reference sizes.
+"""A seq2seq model on PyTorch's own torch.nn.Transformer, sized by a TransformerConfig.
 
 Embeddings + sinusoidal positions + dropout, nn.Transformer (post-LN, batch_first), output
 Linear. nn.Transformer always adds a final LayerNorm to its encoder and decoder (two more

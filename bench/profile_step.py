@@ -1,11 +1,12 @@
 """Where the Flax train step spends its time: `python -m bench.profile_step [--quick]`.
 
-Traces a few steps of the benchmark's Flax step (bench.flax_step, the reference config) with
-`jax.profiler.trace`, reads the trace back with `jax.profiler.ProfileData`, and sums the time
-of every XLA thunk (fusion, GEMM, copy) per step. Each thunk is attributed to a part of the
-model through the `op_name` metadata of the compiled HLO (its jax name stack), e.g.
-"bwd:ffn" = the feed-forward layers' backward pass. Also reports how much of the step no thunk
-was running (dispatch gaps and asynchronous Eigen GEMMs the trace does not time).
+Traces a few steps of the benchmark's Flax step (bench.flax_step; the reference preset with
+dropout 0.1, batch 32 x (64 + 64)) with `jax.profiler.trace`, reads the trace back with
+`jax.profiler.ProfileData`, and sums the time of every XLA thunk (fusion, GEMM, copy) per
+step. Each thunk is attributed to a part of the model through the `op_name` metadata of the
+compiled HLO (its jax name stack), e.g. "bwd:ffn" = the feed-forward layers' backward pass.
+Also reports how much of the step no thunk was running (dispatch gaps and asynchronous Eigen
+GEMMs the trace does not time).
 
 The attempts in bench/NOTES.md were chosen from this table. Numbers overlap where XLA runs two
 thunks at once, so a row's share is approximate.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import jax
 
-from bench import train_throughput as tt
+from bench import setup
 from bench.flax_step import build_flax_step, step_loss
 
 # Profiler bookkeeping, not work.
@@ -57,12 +58,8 @@ def hlo_op_names(hlo_text: str) -> dict[str, str]:
     return names
 
 
-REFERENCE_BATCH = (32, 64, 64)  # (batch, src_len, tgt_len), as bench.train_throughput
-QUICK_BATCH = (2, 8, 8)
-
-
 def profile(cfg, batch_dims: tuple[int, int, int], steps: int = 3, warmup: int = 3) -> dict:
-    batch = tt.make_batch(cfg, *batch_dims)
+    batch = setup.make_batch(cfg, *batch_dims)
     state, step, batch_device = build_flax_step(cfg, batch)
     op_names = hlo_op_names(step.lower(state, batch_device).compile().as_text())
     for _ in range(warmup):
@@ -108,14 +105,14 @@ def profile(cfg, batch_dims: tuple[int, int, int], steps: int = 3, warmup: int =
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny config, for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="tiny preset, for a smoke run")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args(argv)
     if args.quick:
-        result = profile(tt.quick_config(), QUICK_BATCH, steps=args.steps)
+        result = profile(setup.bench_config("tiny"), setup.QUICK_BATCH, steps=args.steps)
     else:
-        result = profile(tt.reference_config(), REFERENCE_BATCH, steps=args.steps)
+        result = profile(setup.bench_config(), setup.REFERENCE_BATCH, steps=args.steps)
     step_ms, idle_ms = result["step_ms"], result["idle_ms"]
     print(f"longest traced step {step_ms:.1f} ms, no thunk running {idle_ms:.1f} ms")
     print(f"{'ms/step':>8}  part             biggest thunk kinds")

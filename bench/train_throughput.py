@@ -1,6 +1,12 @@
 """Training throughput: the Flax jitted train step against three PyTorch variants, one process.
 
     python -m bench.train_throughput --json OUT.json [--quick] [--steps N] [--rounds R]
+        [--preset tiny|small|reference|paper_base] [--d-model D] [--heads H] [--layers L]
+        [--d-ff F] [--vocab V] [--max-len M] [--batch B] [--src-len S] [--tgt-len T]
+
+The model is a preset of flax_transformer.spec.presets (default `reference`: d_model 256,
+4 heads, 3+3 layers, d_ff 1024, vocab 1000), with any size flag overriding it; the batch is
+B x (S source + T target) tokens (default 32 x (64 + 64)); dropout is 0.1 unless --dropout.
 
 Same config, batch and AdamW hyper-parameters for every variant:
 - flax: the jitted train step (forward, backward, clip, AdamW), state donated;
@@ -31,83 +37,22 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
+from bench.setup import (
+    ADAM_EPS,
+    BETAS,
+    CLIP_NORM,
+    DROPOUT,
+    LABEL_SMOOTHING,
+    LEARNING_RATE,
+    QUICK_BATCH,
+    REFERENCE_BATCH,
+    WEIGHT_DECAY,
+    bench_config,
+    make_batch,
+    model_flops_per_step,
+)
 from flax_transformer.spec.config import TransformerConfig
-
-# One set of optimiser hyper-parameters for every variant (torch and optax defaults differ).
-LEARNING_RATE = 1e-3
-BETAS = (0.9, 0.98)
-ADAM_EPS = 1e-9
-WEIGHT_DECAY = 0.01
-CLIP_NORM = 1.0
-LABEL_SMOOTHING = 0.1
-
-
-# ----------------------------------------------------------------------------- setup
-def reference_config(dtype: str = "float32", dropout: float = 0.1) -> TransformerConfig:
-    """The issue's reference config: d 256, 4 heads, 3+3 layers, d_ff 1024, vocab 1000."""
-    return TransformerConfig(
-        src_vocab_size=1000,
-        tgt_vocab_size=1000,
-        d_model=256,
-        num_heads=4,
-        num_encoder_layers=3,
-        num_decoder_layers=3,
-        d_ff=1024,
-        dropout_rate=dropout,
-        max_len=128,
-        dtype=dtype,
-    )
-
-
-def quick_config(dtype: str = "float32", dropout: float = 0.1) -> TransformerConfig:
-    return TransformerConfig(
-        src_vocab_size=50,
-        tgt_vocab_size=60,
-        d_model=32,
-        num_heads=2,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-        d_ff=48,
-        dropout_rate=dropout,
-        max_len=16,
-        dtype=dtype,
-    )
-
-
-def make_batch(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int, seed: int = 0):
-    """Random tokens; the last quarter of each other row is padding, so masks do real work."""
-    rng = np.random.default_rng(seed)
-    src = rng.integers(3, cfg.src_vocab_size, (batch, src_len), dtype=np.int32)
-    tgt = rng.integers(3, cfg.tgt_vocab_size, (batch, tgt_len + 1), dtype=np.int32)
-    src[1::2, -src_len // 4 :] = cfg.pad_id
-    tgt[1::2, -tgt_len // 4 :] = cfg.pad_id
-    return {"src": src, "tgt_in": tgt[:, :-1].copy(), "tgt_out": tgt[:, 1:].copy()}
-
-
-def model_flops_per_step(cfg: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
-    """Matmul FLOPs of one training step: 3 x forward (backward = 2 x forward).
-
-    Counted per matmul (2 * m * n * k), attention scores and weighted sums included, masks
-    ignored (the full score matrices are computed). Embedding gathers, softmax, LayerNorm and
-    the optimiser are not matmuls and are left out, as is usual for MFU.
-    """
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
-    s_tok, t_tok = batch * src_len, batch * tgt_len
-    attention_core = lambda q_len, k_len: 2 * 2 * batch * q_len * k_len * d  # QK^T and AV
-    encoder_layer = s_tok * (4 * 2 * d * d + 2 * 2 * d * f) + attention_core(src_len, src_len)
-    decoder_layer = (
-        t_tok * 4 * 2 * d * d  # self-attention q, k, v, out
-        + attention_core(tgt_len, tgt_len)
-        + t_tok * 2 * 2 * d * d  # cross-attention q, out
-        + s_tok * 2 * 2 * d * d  # cross-attention k, v (from the encoder output)
-        + attention_core(tgt_len, src_len)
-        + t_tok * 2 * 2 * d * f  # feed-forward
-    )
-    head = 2 * t_tok * d * v
-    forward = cfg.num_encoder_layers * encoder_layer + cfg.num_decoder_layers * decoder_layer + head
-    return 3 * forward
+from flax_transformer.spec.presets import PRESETS
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -196,7 +141,6 @@ class Variant:
 
 
 def flax_variant(name: str, cfg: TransformerConfig, batch: dict) -> Variant:
-
     from bench.flax_step import build_flax_step, step_loss
 
     state, step_fn, batch_device = build_flax_step(cfg, batch)
@@ -219,7 +163,7 @@ def torch_variant(name: str, model, batch: dict, forward) -> Variant:
     import torch
     import torch.nn.functional as F
 
-    # As the Flax optimiser (training.decay_mask): weight decay on matrices only.
+    # As the Flax optimiser (training.optim.decay_mask): weight decay on matrices only.
     params = list(model.parameters())
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
@@ -279,19 +223,14 @@ def run(args: argparse.Namespace) -> dict:
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
-    if args.quick:
-        cfg = quick_config(args.dtype, args.dropout)
-        batch_size, src_len, tgt_len = 2, 8, 8
-        gemm_n, gemm_repeats = 256, 3
-    else:
-        cfg = reference_config(args.dtype, args.dropout)
-        batch_size, src_len, tgt_len = args.batch, args.src_len, args.tgt_len
-        gemm_n, gemm_repeats = 2048, 5
+    cfg, batch_size, src_len, tgt_len = args.config, args.batch, args.src_len, args.tgt_len
+    gemm_n, gemm_repeats = (256, 3) if args.quick else (2048, 5)
     batch = make_batch(cfg, batch_size, src_len, tgt_len)
     tokens_per_step = batch_size * (src_len + tgt_len)
     flops = model_flops_per_step(cfg, batch_size, src_len, tgt_len)
 
     result: dict = {
+        "preset": args.preset,
         "config": cfg.to_dict(),
         "batch": {"batch": batch_size, "src_len": src_len, "tgt_len": tgt_len},
         "tokens_per_step": tokens_per_step,
@@ -418,30 +357,81 @@ def format_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+# Size flags -> TransformerConfig fields they set (--layers and --vocab set two each).
+SIZE_FLAGS = {
+    "d_model": ("d_model",),
+    "heads": ("num_heads",),
+    "layers": ("num_encoder_layers", "num_decoder_layers"),
+    "d_ff": ("d_ff",),
+    "vocab": ("src_vocab_size", "tgt_vocab_size"),
+    "max_len": ("max_len",),
+}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    """Flags, with `config` (the preset plus size overrides) and the batch shape resolved."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (seconds)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run (seconds): tiny preset, batch 2 x (8 + 8)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--src-len", type=int, default=64)
-    parser.add_argument("--tgt-len", type=int, default=64)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    size = parser.add_argument_group("model and batch (size flags override the preset)")
+    size.add_argument(
+        "--preset", choices=tuple(PRESETS), help="model size (default reference; tiny with --quick)"
+    )
+    size.add_argument("--d-model", type=int, help="model width")
+    size.add_argument("--heads", "--num-heads", dest="heads", type=int, help="attention heads")
+    size.add_argument(
+        "--layers", "--num-layers", dest="layers", type=int, help="encoder and decoder layers each"
+    )
+    size.add_argument("--d-ff", type=int, help="feed-forward width")
+    size.add_argument("--vocab", type=int, help="source and target vocabulary size")
+    size.add_argument("--max-len", type=int, help="longest sequence the model accepts")
+    size.add_argument("--batch", type=int, help="sequences per step (default 32; 2 with --quick)")
+    size.add_argument("--src-len", type=int, help="source tokens (default 64; 8 with --quick)")
+    size.add_argument("--tgt-len", type=int, help="target tokens (default 64; 8 with --quick)")
+    size.add_argument(
+        "--dropout", type=float, default=DROPOUT, help="dropout rate, whatever the preset's"
+    )
+    size.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--skip-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument(
         "--compile-timeout", type=int, default=900, help="seconds allowed for torch.compile"
     )
     args = parser.parse_args(argv)
-    for name in ("steps", "rounds", "batch", "src_len", "tgt_len"):
-        if getattr(args, name) <= 0:
+
+    defaults = QUICK_BATCH if args.quick else REFERENCE_BATCH
+    for name, default in zip(("batch", "src_len", "tgt_len"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name in ("steps", "rounds", "batch", "src_len", "tgt_len", *SIZE_FLAGS):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step compiles)")
     if not 0.0 <= args.dropout < 1.0:
         parser.error("--dropout must be in [0, 1)")
+
+    args.preset = args.preset or ("tiny" if args.quick else "reference")
+    overrides = {
+        field: getattr(args, flag)
+        for flag, fields in SIZE_FLAGS.items()
+        for field in fields
+        if getattr(args, flag) is not None
+    }
+    try:
+        args.config = bench_config(args.preset, args.dtype, args.dropout, **overrides)
+    except ValueError as err:  # e.g. d_model not divisible by heads
+        parser.error(f"bad model size: {err}")
+    for name in ("src_len", "tgt_len"):
+        if getattr(args, name) > args.config.max_len:
+            parser.error(
+                f"--{name.replace('_', '-')} {getattr(args, name)} exceeds max_len "
+                f"{args.config.max_len} of the model (raise --max-len)"
+            )
     return args
 
 

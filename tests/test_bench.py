@@ -1,4 +1,5 @@
-"""bench.train_throughput: the FLOP count agrees with XLA's, and a --quick run works end to end."""
+"""bench.train_throughput: the FLOP count agrees with XLA's, size flags reach the config, and a
+--quick run works end to end."""
 
 from __future__ import annotations
 
@@ -7,46 +8,108 @@ import json
 import jax
 import pytest
 
+from bench import setup
 from bench import train_throughput as tt
 from flax_transformer.nn.model import Transformer
+from flax_transformer.spec.presets import preset
 
 
 def test_model_flops_match_xla_cost_analysis():
     """Our analytic matmul count of one forward is within 2% of XLA's own FLOP count (which
     adds the elementwise work: softmax, LayerNorm, activations)."""
-    cfg = tt.reference_config(dropout=0.0).replace(num_encoder_layers=2, num_decoder_layers=1)
-    batch = tt.make_batch(cfg, 2, 16, 12)
+    cfg = setup.bench_config(dropout=0.0, num_encoder_layers=2, num_decoder_layers=1)
+    batch = setup.make_batch(cfg, 2, 16, 12)
     model = Transformer(cfg)
     variables = model.init(jax.random.key(0), batch["src"], batch["tgt_in"])
     forward = jax.jit(lambda v: model.apply(v, batch["src"], batch["tgt_in"]))
     cost = forward.lower(variables).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    ours = tt.model_flops_per_step(cfg, 2, 16, 12) / 3
+    ours = setup.model_flops_per_step(cfg, 2, 16, 12) / 3
     assert ours <= cost["flops"] <= 1.02 * ours, (ours, cost["flops"])
 
 
-def test_quick_benchmark_writes_the_report(tmp_path, capsys):
+# Every size flag set, none to its tiny-preset value, so a flag that does not reach the
+# config shows up as a mismatch.
+SIZE_ARGS = ["--d-model", "48", "--heads", "2", "--layers", "2", "--d-ff", "40"]
+SIZE_ARGS += ["--vocab", "30", "--max-len", "12", "--batch", "3", "--src-len", "10"]
+SIZE_ARGS += ["--tgt-len", "12"]
+SIZE_FIELDS = {
+    "d_model": 48,
+    "num_heads": 2,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "d_ff": 40,
+    "src_vocab_size": 30,
+    "tgt_vocab_size": 30,
+    "max_len": 12,
+    "dropout_rate": 0.1,
+}
+
+
+def test_quick_benchmark_with_explicit_sizes_writes_the_report(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert tt.main(["--quick", "--json", str(out), "--steps", "2", "--rounds", "1"]) == 0
+    argv = ["--quick", "--json", str(out), "--steps", "2", "--rounds", "1", *SIZE_ARGS]
+    assert tt.main(argv) == 0
     result = json.loads(out.read_text())
+    assert result["preset"] == "tiny"
+    assert {k: result["config"][k] for k in SIZE_FIELDS} == SIZE_FIELDS
+    assert result["batch"] == {"batch": 3, "src_len": 10, "tgt_len": 12}
+    assert result["tokens_per_step"] == 3 * (10 + 12)
+    cfg = preset("tiny", **SIZE_FIELDS)
+    assert result["model_flops_per_step"] == setup.model_flops_per_step(cfg, 3, 10, 12)
     variants = ("flax", "flax_remat", "torch_eager", "nn_transformer_eager")
     for key in (f"{name}_tok_s" for name in variants):
         assert result[key] > 0, key
     assert result["torch_compile_tok_s"] is None and "skipped" in result["torch_compile_error"]
     assert result["peak_matmul_gflops"] > 0 and 0 < result["flax_mfu"] < 1
-    assert result["model_flops_per_step"] == tt.model_flops_per_step(tt.quick_config(), 2, 8, 8)
     for name in ("flax", "torch_eager"):
         assert result["memory"][name]["step_peak_rss_mib"] > 0
         assert result["step_ms"][name]["n"] == 2
-    # Every variant trains the same task: first losses near log(vocab).
+    # Every variant trains the same task: first losses near log(vocab) = 3.4.
     for losses in result["losses"].values():
         assert 2.0 < losses["first"] < 6.0
     assert "| flax |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--steps=0", "--dropout=1.5", "--warmup=0"])
-def test_bad_flags_exit_with_a_message(flag, capsys):
+def test_defaults_are_the_reference_run_and_the_quick_run():
+    args = tt.parse_args([])
+    assert args.config == preset("reference", dropout_rate=0.1)
+    assert (args.batch, args.src_len, args.tgt_len) == (32, 64, 64)
+    args = tt.parse_args(["--quick"])
+    assert args.config == preset("tiny", dropout_rate=0.1)
+    assert (args.batch, args.src_len, args.tgt_len) == (2, 8, 8)
+
+
+def test_a_preset_with_overrides():
+    args = tt.parse_args(["--preset", "small", "--num-layers", "3", "--max-len", "256"])
+    assert args.config == preset(
+        "small", dropout_rate=0.1, num_encoder_layers=3, num_decoder_layers=3, max_len=256
+    )
+    args = tt.parse_args(["--max-len", "256", "--src-len", "256", "--tgt-len", "200"])
+    assert (args.config.max_len, args.src_len, args.tgt_len) == (256, 256, 200)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--src-len", "129"], "--src-len 129 exceeds max_len 128"),
+        (["--quick", "--tgt-len", "17"], "--tgt-len 17 exceeds max_len 16"),
+        (["--max-len", "32"], "--src-len 64 exceeds max_len 32"),
+        (["--heads", "3"], "must be divisible by num_heads"),
+        (["--steps=0"], "--steps must be positive"),
+        (["--d-model=0"], "--d-model must be positive"),
+        (["--dropout=1.5"], "--dropout must be in [0, 1)"),
+        (["--warmup=0"], "--warmup must be at least 1"),
+        (["--preset", "huge"], "invalid choice: 'huge'"),
+    ],
+)
+def test_bad_flags_exit_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        tt.parse_args([flag])
+        tt.parse_args(argv)
     assert exit_info.value.code == 2
-    assert "must" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_make_batch_refuses_sequences_longer_than_max_len():
+    with pytest.raises(ValueError, match="exceeds the config's max_len 16"):
+        setup.make_batch(setup.bench_config("tiny"), 2, 17, 8)

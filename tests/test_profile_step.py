@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import profile_step as ps
-from bench import train_throughput as tt
+from bench import setup
 
 PREFIX = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/layers_0"
 BACKWARD = "jit(train_step)/transpose(jvp(Transformer))/Transformer.decode/decoder/layers_2"
@@ -41,7 +41,7 @@ def test_hlo_op_names_reads_instruction_metadata():
 
 
 def test_profile_of_the_quick_config_covers_the_model():
-    result = ps.profile(tt.quick_config(), ps.QUICK_BATCH, steps=1, warmup=1)
+    result = ps.profile(setup.bench_config("tiny"), setup.QUICK_BATCH, steps=1, warmup=1)
     assert result["step_ms"] > 0 and 0 <= result["idle_ms"] <= result["step_ms"]
     for part in ("fwd:ffn", "bwd:ffn", "fwd:attn_core", "fwd:dropout", "fwd:layernorm"):
         assert result["parts"].get(part, 0) > 0, part
