@@ -1,0 +1,112 @@
+"""The package's architecture, checked: the import arrows point one way, and the cheap imports
+stay cheap (`import flax_transformer` and `import torch_reference` load no JAX)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "flax_transformer"
+
+# Which subpackages a library module of each subpackage may import (lazy imports included).
+# Entry points (cli.py, __main__.py and the top-level convert/generate/demo) sit above all of
+# them and may import anything.
+ALLOWED = {
+    "spec": {"spec"},
+    "nn": {"spec", "nn"},
+    "decoding": {"spec", "nn", "decoding"},
+    "interop": {"spec", "nn", "interop"},
+    "training": {"spec", "nn", "decoding", "interop", "training"},
+    "parity": {"spec", "nn", "interop", "parity"},
+}
+ENTRY_POINTS = {"cli.py", "__main__.py"}
+MAX_LINES = 600
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every flax_transformer.* module named by an import anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {n for n in names if n.startswith("flax_transformer.")}
+
+
+def library_modules():
+    for path in sorted(PACKAGE.glob("*/*.py")):
+        if path.name not in ENTRY_POINTS:
+            yield path
+
+
+def test_subpackages_import_only_downwards():
+    violations = []
+    for path in library_modules():
+        room = path.parent.name
+        for name in imported_modules(path):
+            target = name.split(".")[1]
+            if target in ALLOWED and target not in ALLOWED[room]:
+                violations.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not violations, "imports against the arrows:\n" + "\n".join(violations)
+
+
+def test_spec_and_torch_reference_need_no_jax():
+    for path in [*PACKAGE.glob("spec/*.py"), *(ROOT / "torch_reference").glob("*.py")]:
+        source = path.read_text()
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                for name in names:
+                    assert name.split(".")[0] not in {"jax", "flax", "optax", "orbax"}, (
+                        f"{path.relative_to(ROOT)} imports {name}"
+                    )
+                    if name.startswith("flax_transformer."):
+                        assert name.startswith("flax_transformer.spec"), (
+                            f"{path.relative_to(ROOT)} imports {name}: only spec is numpy-only"
+                        )
+
+
+def test_files_stay_small():
+    too_long = {
+        str(p.relative_to(ROOT)): n
+        for p in [*PACKAGE.rglob("*.py"), *(ROOT / "torch_reference").glob("*.py")]
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"files over {MAX_LINES} lines: {too_long}"
+
+
+def test_importing_the_packages_loads_no_jax():
+    code = (
+        "import sys, flax_transformer, torch_reference, flax_transformer.spec.config, "
+        "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding; "
+        "loaded = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["flax_transformer", "flax_transformer.parity", "flax_transformer.interop"],
+)
+def test_every_public_name_resolves(package):
+    module = __import__(package, fromlist=["__all__"])
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{package}.{name}"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        module.nope  # noqa: B018
