@@ -15,24 +15,16 @@ def main() -> None:
     import torch
 
     import torch_reference
-    from flax_transformer import Transformer, TransformerConfig
+    from flax_transformer import Transformer, preset
     from flax_transformer.interop.convert import torch_state_to_flax
     from flax_transformer.spec.numerics import error_stats
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     for dtype in ("float64", "float32"):
-        config = TransformerConfig(
-            src_vocab_size=300,
-            tgt_vocab_size=320,
-            d_model=128,
-            num_heads=4,
-            num_encoder_layers=2,
-            num_decoder_layers=2,
-            d_ff=256,
-            dropout_rate=0.0,
-            dtype=dtype,
-            param_dtype=dtype,
+        # train.py's default size; vocabularies that differ, so a wrong transpose cannot pass.
+        config = preset(
+            "small", src_vocab_size=300, tgt_vocab_size=320, dtype=dtype, param_dtype=dtype
         )
         torch_model = torch_reference.Transformer(config).eval()
         params = torch_state_to_flax(torch_reference.state_dict_to_numpy(torch_model), config)
