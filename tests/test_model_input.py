@@ -5,19 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import Transformer, TransformerConfig, TransformerLM
+from flax_transformer import Transformer, TransformerLM, preset
 
-CFG = TransformerConfig(
-    src_vocab_size=20,
-    tgt_vocab_size=22,
-    d_model=16,
-    num_heads=2,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    d_ff=24,
-    max_len=8,
-    dropout_rate=0.1,
-)
+CFG = preset("tiny", max_len=8, dropout_rate=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -12,21 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax_transformer import preset
 from flax_transformer.nn.model import Transformer, TransformerLM
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.numerics import assert_close
 
-CONFIG = TransformerConfig(
-    src_vocab_size=23,
-    tgt_vocab_size=29,
-    d_model=16,
-    num_heads=2,
-    num_encoder_layers=1,
-    num_decoder_layers=2,
-    d_ff=24,
-    dropout_rate=0.0,
-    max_len=16,
-)
+CONFIG = preset("tiny", num_decoder_layers=2)
 
 
 def tokens(seed: int, shape, vocab: int):
