@@ -1,8 +1,11 @@
-"""The fused attention path (jax.nn.dot_product_attention, used on GPU when no weights are
-requested) computes what the einsum path computes, fully masked rows included; weights are
-still sown whenever "intermediates" is mutable. Forced on here, so CPU CI covers it."""
+"""The fused attention path (jax.nn.dot_product_attention; attention_impl "auto" takes it on GPU
+when no weights are requested) computes what the einsum path computes, fully masked rows
+included; weights are still sown whenever "intermediates" is mutable. Forced on here with
+attention_impl="fused", so CPU CI covers it."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,14 +30,6 @@ CFG = TransformerConfig(
 )
 
 
-@pytest.fixture
-def force_fused(monkeypatch):
-    def set_mode(mode):
-        monkeypatch.setattr(attention, "FUSED_ATTENTION", mode)
-
-    return set_mode
-
-
 def test_fused_attention_matches_einsum_path_with_fully_masked_rows():
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(size=(2, 5, 3, 4)), jnp.float32) for _ in range(3))
@@ -52,30 +47,51 @@ def test_fused_attention_matches_einsum_path_with_fully_masked_rows():
     )
 
 
-def test_model_forward_and_gradients_equal_on_both_paths(force_fused):
+def test_attention_impl_picks_the_path():
+    mask = jnp.ones((1, 1, 2, 2), bool)
+    assert attention.use_fused_attention("fused", mask)
+    assert not attention.use_fused_attention("reference", mask)
+    assert attention.use_fused_attention("auto", None) == (jax.default_backend() == "gpu")
+    # An additive float mask keeps the explicit path whatever the setting.
+    assert not attention.use_fused_attention("fused", jnp.zeros((1, 1, 2, 2), jnp.float32))
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        attention.use_fused_attention("flash", mask)
+    with pytest.raises(ValueError, match="attention_impl must be one of"):
+        CFG.replace(attention_impl="flash")
+
+
+def test_model_forward_and_gradients_equal_on_both_paths(monkeypatch):
     src = jnp.asarray([[5, 6, 7, 8, 0, 0], [0, 0, 0, 0, 0, 0]], jnp.int32)  # row 2 all padding
     tgt = jnp.asarray([[3, 4, 5, 0], [9, 10, 0, 0]], jnp.int32)
     params = Transformer(CFG).init(jax.random.key(0), src, tgt)["params"]
+    fused_calls = []
+    fused = attention.fused_attention
+    monkeypatch.setattr(
+        attention, "fused_attention", lambda *args: fused_calls.append(1) or fused(*args)
+    )
 
-    def loss(params):
-        return jnp.sum(jnp.tanh(Transformer(CFG).apply({"params": params}, src, tgt)) ** 2)
+    @functools.partial(jax.jit, static_argnums=1)
+    @jax.value_and_grad
+    def loss(params, impl):
+        model = Transformer(CFG.replace(attention_impl=impl))
+        return jnp.sum(jnp.tanh(model.apply({"params": params}, src, tgt)) ** 2)
 
-    results = {}
-    for mode in ("never", "always"):
-        force_fused(mode)
-        results[mode] = jax.value_and_grad(loss)(params)  # not jitted: re-traced per mode
-    assert_close(results["always"][0], results["never"][0], rtol=1e-6, what="loss")
+    results = {"reference": loss(params, "reference")}
+    assert not fused_calls
+    results["fused"] = loss(params, "fused")
+    assert len(fused_calls) == 3  # encoder self, decoder self and cross attention
+    assert_close(results["fused"][0], results["reference"][0], rtol=1e-6, what="loss")
     for g_fused, g_plain in zip(
-        jax.tree.leaves(results["always"][1]), jax.tree.leaves(results["never"][1]), strict=True
+        jax.tree.leaves(results["fused"][1]), jax.tree.leaves(results["reference"][1]), strict=True
     ):
         assert_close(g_fused, g_plain, atol=1e-5, what="gradient")
 
 
-def test_weights_are_still_sown_when_requested(force_fused):
-    force_fused("always")
+def test_weights_are_still_sown_when_requested():
     src = jnp.asarray([[5, 6, 7]], jnp.int32)
     tgt = jnp.asarray([[3, 4]], jnp.int32)
-    variables = Transformer(CFG).init(jax.random.key(0), src, tgt)
-    _, state = Transformer(CFG).apply(variables, src, tgt, mutable=["intermediates"])
+    model = Transformer(CFG.replace(attention_impl="fused"))
+    variables = model.init(jax.random.key(0), src, tgt)
+    _, state = model.apply(variables, src, tgt, mutable=["intermediates"])
     sown = jax.tree.leaves(state["intermediates"])
     assert any(leaf.shape == (1, CFG.num_heads, 2, 3) for leaf in sown)  # cross-attention

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from flax_transformer.nn.layers import Dense, LayerNorm
+from flax_transformer.nn.layers import Dense, LayerNorm, boxed_param_axes
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
@@ -57,3 +57,20 @@ def test_dense_computes_in_its_dtype_with_float32_params():
     params = module.init(jax.random.PRNGKey(1), x)
     assert jax.tree.leaves(params)[0].dtype == jnp.float32
     assert module.apply(params, x).dtype == jnp.bfloat16
+
+
+def test_declared_axes_box_params_only_inside_boxed_param_axes():
+    x = jnp.ones((2, 8))
+    module = Dense(4, axes=("embed", "mlp"))
+    plain = module.init(jax.random.PRNGKey(1), x)["params"]
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(plain))
+    with boxed_param_axes():
+        boxed = module.init(jax.random.PRNGKey(1), x)["params"]
+    assert isinstance(boxed["kernel"], nn.LogicallyPartitioned)
+    assert boxed["kernel"].names == ("embed", "mlp") and boxed["bias"].names == ("mlp",)
+    np.testing.assert_array_equal(boxed["kernel"].value, plain["kernel"])  # same values
+    # Outside the block init is plain again, and apply takes boxed or plain params alike.
+    assert isinstance(module.init(jax.random.PRNGKey(1), x)["params"]["kernel"], jax.Array)
+    np.testing.assert_array_equal(
+        module.apply({"params": boxed}, x), module.apply({"params": plain}, x)
+    )

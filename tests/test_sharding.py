@@ -18,14 +18,20 @@ import pytest
 
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.sharding import (
+    LOGICAL_RULES,
     MeshError,
     check_config_fits,
+    logical_param_specs,
     make_mesh,
+    param_partition_specs,
     parse_mesh,
-    partition_spec,
+    tree_shardings,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# Compiling the four train steps is most of this test's time; XLA:CPU's cheapest code
+# generation halves it. Every run compiles with the same flags, so the comparison holds.
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 MESHES = ("data=8", "model=8", "data=2,model=4")
 STEPS = 4
 TOLERANCE = 1e-5
@@ -60,7 +66,7 @@ def tiny_batches(steps: int, batch: int = 8, length: int = 10):
 
 
 def make_state_and_step(cfg: TransformerConfig):
-    """The project's train state and step (training.py), dropout and label smoothing on."""
+    """The model, the project's train state and step, dropout and label smoothing on."""
     from flax_transformer.nn.model import Transformer
     from flax_transformer.training.optim import make_optimizer
     from flax_transformer.training.state import create_train_state
@@ -73,7 +79,7 @@ def make_state_and_step(cfg: TransformerConfig):
     # apart after 4 steps with eps 1e-6, every other param < 1e-6).
     optimizer = make_optimizer(1e-3, weight_decay=0.01, clip_norm=1.0, eps=1e-4)
     state = create_train_state(model, optimizer, seed=0)
-    return state, make_train_step(model, optimizer, label_smoothing=0.1)
+    return model, state, make_train_step(model, optimizer, label_smoothing=0.1)
 
 
 def run_parity(meshes=MESHES, steps: int = STEPS) -> dict:
@@ -88,8 +94,8 @@ def run_parity(meshes=MESHES, steps: int = STEPS) -> dict:
     def train(spec):
         mesh = make_mesh(spec)
         check_config_fits(cfg, mesh, batches[0]["src"].shape[0])
-        state, train_step = make_state_and_step(cfg)
-        state, step = shard_training(mesh, state, train_step)
+        model, state, train_step = make_state_and_step(cfg)
+        state, step = shard_training(mesh, state, train_step, model=model)
         losses = []
         for batch in batches:
             state, metrics = step(state, batch)
@@ -124,7 +130,9 @@ def run_parity(meshes=MESHES, steps: int = STEPS) -> dict:
 @pytest.fixture(scope="module")
 def parity_report():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env["XLA_FLAGS"] = " ".join(
+        [env.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8", *FAST_COMPILE]
+    )
     env["JAX_PLATFORMS"] = "cpu"
     done = subprocess.run(
         [sys.executable, "-m", "tests.test_sharding"],
@@ -185,26 +193,133 @@ def test_make_mesh_needs_enough_devices():
     assert dict(mesh.shape) == {"data": 1, "model": 1}
 
 
+def _flat(tree) -> dict[str, object]:
+    import jax
+
+    return {
+        "/".join(str(k.key) for k in path): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, changes",
+    [
+        ("transformer", {}),
+        ("transformer", dict(positional="learned", final_norm=True, remat=True)),
+        ("transformer", dict(share_embeddings=True, tie_output=True, src_vocab_size=48)),
+        ("lm", dict(use_bias=False)),
+        ("lm", dict(positional="learned", final_norm=True)),
+    ],
+)
+def test_every_param_declares_logical_axes_with_a_rule(kind, changes):
+    from flax_transformer.nn.kinds import abstract_variables, model_for
+
+    model = model_for(tiny_config().replace(**changes), kind)
+    logical = _flat(logical_param_specs(model))  # raises for a param without declared axes
+    shapes = _flat(abstract_variables(model)["params"])
+    assert logical.keys() == shapes.keys()
+    rules = dict(LOGICAL_RULES)
+    for path, names in logical.items():
+        assert len(names) == len(shapes[path].shape), path
+        assert all(name in rules for name in names), (path, names)
+        if len(names) >= 2:  # every axis of every matrix is named, none left to a default
+            assert None not in names, (path, names)
+
+
+def test_params_without_declared_axes_or_rules_are_errors():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from flax_transformer.nn.layers import Dense
+
+    x = jnp.ones((2, 8))
+    with pytest.raises(MeshError, match="without logical axis names .*: bias, kernel"):
+        logical_param_specs(Dense(4), x)
+    model = Dense(4, axes=("embed", "experts"))
+    assert logical_param_specs(model, x)["kernel"] == P("embed", "experts")
+    with pytest.raises(MeshError, match="bias: no sharding rule for the logical axis 'experts'"):
+        param_partition_specs(model, {"data": 1, "model": 2}, x)
+    with pytest.raises(ValueError, match="declares 1 axes"):
+        Dense(4, axes=("embed",)).init(jax.random.key(0), x)
+
+
 def test_partition_rules():
     from jax.sharding import PartitionSpec as P
 
-    attn = ("decoder", "layers_0", "cross_attn")
-    assert partition_spec(attn + ("query", "kernel"), (32, 32), 4) == P(None, "model")
-    assert partition_spec(attn + ("value", "bias"), (32,), 4) == P("model")
-    assert partition_spec(attn + ("out", "kernel"), (32, 32), 4) == P("model", None)
-    assert partition_spec(attn + ("out", "bias"), (32,), 4) == P()
-    ffn = ("encoder", "layers_1", "ffn")
-    assert partition_spec(ffn + ("linear1", "kernel"), (32, 64), 4) == P(None, "model")
-    assert partition_spec(ffn + ("linear2", "kernel"), (64, 32), 4) == P("model", None)
-    assert partition_spec(("src_embed", "embedding"), (40, 32), 4) == P()
-    assert partition_spec(("lm_head", "kernel"), (32, 48), 4) == P()
-    # Adam's moments carry the same path tail as the params they mirror.
-    mu = ("opt_state", "0", "mu", "encoder", "layers_0", "self_attn", "key", "kernel")
-    assert partition_spec(mu, (32, 32), 4) == P(None, "model")
+    from flax_transformer.nn.kinds import model_for
+
+    model = model_for(tiny_config().replace(positional="learned"), "transformer")
+    specs = _flat(param_partition_specs(model, {"data": 2, "model": 4}))
+    attn = "decoder/layers_0/cross_attn/"
+    assert specs[attn + "query/kernel"] == P(None, "model")
+    assert specs[attn + "value/bias"] == P("model")
+    assert specs[attn + "out/kernel"] == P("model", None)
+    assert specs[attn + "out/bias"] == P()
+    ffn = "encoder/layers_0/ffn/"
+    assert specs[ffn + "linear1/kernel"] == P(None, "model")
+    assert specs[ffn + "linear1/bias"] == P("model")
+    assert specs[ffn + "linear2/kernel"] == P("model", None)
+    assert specs[ffn + "linear2/bias"] == P()
+    for replicated in ("src_embed/embedding", "lm_head/kernel", "pos_embed/weight"):
+        assert specs[replicated] == P(), replicated
+    assert specs["encoder/layers_0/norm1/scale"] == P()
+    split = {path for path, spec in specs.items() if spec != P()}
+    # 3 attentions x (q, k, v kernels and biases, out kernel) + 2 ffns x (linear1 kernel and
+    # bias, linear2 kernel); nothing else.
+    assert len(split) == 3 * 7 + 2 * 3
     # A model axis of 1 replicates everything.
-    assert partition_spec(attn + ("query", "kernel"), (32, 32), 1) == P()
-    with pytest.raises(MeshError, match="cannot be split"):
-        partition_spec(ffn + ("linear1", "kernel"), (32, 30), 4)
+    ones = param_partition_specs(model, {"data": 2, "model": 1})
+    assert set(_flat(ones).values()) == {P()}
+    with pytest.raises(MeshError, match="ffn/linear1/bias of shape \\(30,\\) cannot be split"):
+        param_partition_specs(model_for(tiny_config().replace(d_ff=30), "lm"), {"model": 4})
+
+
+def test_renamed_layers_keep_their_sharding():
+    """Sharding follows the axes declared where params are made, not the module names."""
+    import jax.numpy as jnp
+    from flax import linen as nn
+    from jax.sharding import PartitionSpec as P
+
+    from flax_transformer.nn.attention import MultiHeadAttention
+    from flax_transformer.nn.layers import FeedForward
+
+    class Renamed(nn.Module):
+        config: TransformerConfig
+
+        @nn.compact
+        def __call__(self, x):
+            x = MultiHeadAttention(self.config, name="mixer")(x)
+            return FeedForward(self.config, name="channel_mlp")(x)
+
+    x = jnp.ones((1, 3, tiny_config().d_model))
+    specs = _flat(param_partition_specs(Renamed(tiny_config()), {"model": 2}, x))
+    assert specs["mixer/key/kernel"] == P(None, "model")
+    assert specs["mixer/out/kernel"] == P("model", None)
+    assert specs["channel_mlp/linear2/kernel"] == P("model", None)
+
+
+def test_optimizer_moments_are_laid_out_like_the_params():
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from flax_transformer.nn.model import Transformer
+
+    model = Transformer(tiny_config())
+    state = jax.eval_shape(lambda: make_state_and_step(tiny_config())[1])  # shapes suffice
+    mesh = make_mesh("data=1")  # one device: the specs still name `model` when sizes say so
+    shardings = tree_shardings(mesh, state, param_partition_specs(model, {"model": 8}))
+    flat = {
+        jax.tree_util.keystr(path): sharding.spec
+        for path, sharding in jax.tree_util.tree_flatten_with_path(shardings)[0]
+    }
+    query = "['encoder']['layers_0']['self_attn']['query']['kernel']"
+    mirrored = [spec for path, spec in flat.items() if path.endswith(query)]
+    assert len(mirrored) == 3 and set(mirrored) == {P(None, "model")}  # params, mu, nu
+    assert flat[".step"] == P() and flat[".rng"] == P()
+    with pytest.raises(MeshError, match="structure of the model's params"):
+        tree_shardings(mesh, {"other": state.step}, param_partition_specs(model, {"model": 8}))
 
 
 def test_config_must_fit_the_mesh():

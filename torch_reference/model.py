@@ -61,8 +61,9 @@ class MultiHeadAttention(nn.Module):
             nn.Linear(d, d, bias=config.use_bias) for _ in range(4)
         )
         self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
-        # PyTorch's fused kernel (F.scaled_dot_product_attention); it gives no weights.
-        self.fused = False
+        # "fused": PyTorch's fused kernel (F.scaled_dot_product_attention), which gives no
+        # weights; "reference" and "auto" keep the explicit path, so the weights stay readable.
+        self.attention_impl = config.attention_impl
 
     def forward(self, inputs_q, inputs_kv=None, mask=None):
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
@@ -74,7 +75,7 @@ class MultiHeadAttention(nn.Module):
         query = split(self.query(inputs_q))
         key, value = split(self.key(inputs_kv)), split(self.value(inputs_kv))
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self.fused:
+        if self.attention_impl == "fused":
             output = F.scaled_dot_product_attention(query, key, value, mask, dropout_p)
             if mask is not None:  # the fused kernel gives NaN for fully masked rows: define 0
                 output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
@@ -87,10 +88,12 @@ class MultiHeadAttention(nn.Module):
 
 
 def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch every attention layer of `model` to PyTorch's fused kernel (or back)."""
+    """Switch every attention layer of a built `model` to PyTorch's fused kernel (or to the
+    explicit path). New code sets TransformerConfig.attention_impl instead; this stays for
+    callers that switch a model after building it."""
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
-            module.fused = enabled
+            module.attention_impl = "fused" if enabled else "reference"
     return model
 
 

@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from flax_transformer.nn.dropout import dropout
 from flax_transformer.nn.layers import Dense
-from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.config import ATTENTION_IMPLS, TransformerConfig
 
 
 def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
@@ -79,19 +79,21 @@ def scaled_dot_product_attention(
     return output, weights
 
 
-# When to use jax.nn.dot_product_attention (it returns no weights, so only when the
-# "intermediates" collection is not mutable, and without attention dropout):
-# "auto" = on GPU only (on CPU it measured no faster than the einsum path, bench/NOTES.md),
-# "always" / "never" force it (tests compare both paths on CPU).
-FUSED_ATTENTION = "auto"
+def use_fused_attention(impl: str, mask: jax.Array | None) -> bool:
+    """Whether config.attention_impl `impl` takes jax.nn.dot_product_attention for this call.
 
-
-def use_fused_attention(mask: jax.Array | None) -> bool:
+    The caller keeps the explicit path when the weights are requested (the fused kernel returns
+    none) or attention dropout is active (it has none). Beyond that: "reference" never fuses,
+    "fused" always does, "auto" only on GPU (on CPU it measured no faster than the einsum path,
+    bench/NOTES.md). Additive float masks always keep the explicit path.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
     if mask is not None and jnp.issubdtype(mask.dtype, jnp.floating):
-        return False  # additive float masks keep the generic path
-    if FUSED_ATTENTION == "always":
-        return True
-    return FUSED_ATTENTION == "auto" and jax.default_backend() == "gpu"
+        return False
+    if impl == "auto":
+        return jax.default_backend() == "gpu"
+    return impl == "fused"
 
 
 def fused_attention(query, key, value, mask=None) -> jax.Array:
@@ -113,7 +115,8 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention when `inputs_kv` is None, cross-attention otherwise. The attention weights
     are sown into the `intermediates` collection as `attention_weights` (free unless that
-    collection is mutable).
+    collection is mutable). config.attention_impl picks the kernel (use_fused_attention); the
+    explicit path runs whenever the weights are wanted or attention dropout is active.
 
     With `decode=True` it keeps a key/value cache in the `cache` collection:
     - self-attention: `cached_key`/`cached_value` of shape (batch, max_len, heads, head_dim),
@@ -139,11 +142,14 @@ class MultiHeadAttention(nn.Module):
         is_cross: bool = False,
     ) -> jax.Array:
         cfg = self.config
+        # q/k/v map "embed" to "heads" (num_heads * head_dim, head-major: a split of that axis
+        # keeps whole heads); `out` maps the concatenated heads back to "embed".
         dense = lambda name: Dense(  # noqa: E731
             cfg.d_model,
             use_bias=cfg.use_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            axes=("heads", "embed") if name == "out" else ("embed", "heads"),
             name=name,
         )
         batch, q_len, _ = inputs_q.shape
@@ -162,7 +168,8 @@ class MultiHeadAttention(nn.Module):
         if not deterministic and cfg.attention_dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
         weights_wanted = self.is_mutable_collection("intermediates")
-        if dropout_rng is None and not weights_wanted and use_fused_attention(mask):
+        fused = use_fused_attention(cfg.attention_impl, mask)
+        if fused and dropout_rng is None and not weights_wanted:
             output = fused_attention(query, key, value, mask)
         else:
             output, weights = scaled_dot_product_attention(

@@ -1,8 +1,13 @@
-"""Position-wise feed-forward network, positional encodings and LayerNorm as torch defines it."""
+"""Position-wise feed-forward network, positional encodings, LayerNorm as torch defines it, and
+the logical axis names every parameter declares where it is created.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +16,37 @@ from flax import linen as nn
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.sinusoid import sinusoidal_table
+
+# ----------------------------------------------------------------------------- logical axes
+# Each param names the logical axis of each of its dimensions where it is made; the names used:
+# "vocab", "embed" (d_model), "heads" (num_heads * head_dim, head-major), "mlp" (d_ff) and
+# "position" (max_len). training/sharding.py maps them to mesh axes. They are attached to the
+# params (flax's LogicallyPartitioned boxes) only inside `boxed_param_axes()`: everywhere else
+# model.init returns the plain tree of arrays that checkpoints, converters and optimisers use.
+_BOX_AXES = contextvars.ContextVar("flax_transformer_box_axes", default=False)
+
+
+@contextlib.contextmanager
+def boxed_param_axes() -> Iterator[None]:
+    """Inside this block, model.init boxes each param with its logical axis names."""
+    token = _BOX_AXES.set(True)
+    try:
+        yield
+    finally:
+        _BOX_AXES.reset(token)
+
+
+def with_axes(init_fn: Callable, axes: Sequence[str | None]) -> Callable:
+    """`init_fn` for a param whose dimensions have the logical names `axes` (one per dim)."""
+    axes = tuple(axes)
+    boxed = nn.with_logical_partitioning(init_fn, axes)
+
+    def init(key, shape, *args, **kwargs):
+        if len(shape) != len(axes):
+            raise ValueError(f"param of shape {tuple(shape)} declares {len(axes)} axes {axes}")
+        return (boxed if _BOX_AXES.get() else init_fn)(key, shape, *args, **kwargs)
+
+    return init
 
 
 def activation_fn(name: str):
@@ -30,6 +66,10 @@ class Dense(nn.Module):
     gradient contracting two axes, for which XLA:CPU materialises transposed copies of the
     output gradient before the GEMM. On the (rows, in) view the weight gradient is one plain
     x^T g GEMM; that made the benchmark's train step ~11% faster (bench/NOTES.md).
+
+    `axes` are the logical names of the kernel's (in, out) axes; the bias takes the out name.
+    A model's layers always give them (None leaves the params without declared axes, which
+    sharding refuses).
     """
 
     features: int
@@ -38,15 +78,18 @@ class Dense(nn.Module):
     param_dtype: str = "float32"
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
     bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+    axes: tuple[str | None, str | None] | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype
-        )
+        kernel_init, bias_init = self.kernel_init, self.bias_init
+        if self.axes is not None:
+            kernel_init = with_axes(kernel_init, self.axes)
+            bias_init = with_axes(bias_init, self.axes[1:])
+        kernel = self.param("kernel", kernel_init, (x.shape[-1], self.features), self.param_dtype)
         bias = None
         if self.use_bias:
-            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            bias = self.param("bias", bias_init, (self.features,), self.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
         rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (rows, in)
         y = jnp.matmul(rows, kernel).reshape(x.shape[:-1] + (self.features,))
@@ -56,8 +99,9 @@ class Dense(nn.Module):
 class LayerNorm(nn.Module):
     """LayerNorm over the last axis as torch.nn.LayerNorm computes it: biased variance of the
     centred input, eps inside the sqrt, then (x - mean) * rstd * scale + bias in that order.
-    Params `scale` and `bias` (flax.linen.LayerNorm's names). Statistics run in at least
-    float32, so bfloat16 inputs keep float32 statistics; the result has `dtype`.
+    Params `scale` and `bias` (flax.linen.LayerNorm's names), over the logical axis `axis`.
+    Statistics run in at least float32, so bfloat16 inputs keep float32 statistics; the result
+    has `dtype`.
 
     Written out rather than flax.linen.LayerNorm, which folds the scale into the per-row rstd
     first and so materialises a (batch, len, d_model) broadcast of it; that copy was ~2.5% of a
@@ -68,14 +112,19 @@ class LayerNorm(nn.Module):
     dtype: str | None = None
     param_dtype: str = "float32"
     use_bias: bool = True
+    axis: str = "embed"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         features = x.shape[-1]
-        scale = self.param("scale", nn.initializers.ones, (features,), self.param_dtype)
+        axes = (self.axis,)
+        scale = self.param(
+            "scale", with_axes(nn.initializers.ones, axes), (features,), self.param_dtype
+        )
         bias = None
         if self.use_bias:
-            bias = self.param("bias", nn.initializers.zeros, (features,), self.param_dtype)
+            bias_init = with_axes(nn.initializers.zeros, axes)
+            bias = self.param("bias", bias_init, (features,), self.param_dtype)
         stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
         centered = x.astype(stats_dtype)
         centered = centered - jnp.mean(centered, axis=-1, keepdims=True)
@@ -107,17 +156,19 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, *, deterministic: bool = True) -> jax.Array:
         cfg = self.config
-        dense = lambda features, name: Dense(  # noqa: E731
+        dense = lambda features, axes, name: Dense(  # noqa: E731
             features,
             use_bias=cfg.use_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            axes=axes,
             name=name,
         )
-        x = dense(cfg.d_ff, "linear1")(x)
+        # The hidden units are the "mlp" axis: linear1's output, linear2's input.
+        x = dense(cfg.d_ff, ("embed", "mlp"), "linear1")(x)  # (..., d_ff)
         x = activation_fn(cfg.activation)(x)
         x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        return dense(cfg.d_model, "linear2")(x)
+        return dense(cfg.d_model, ("mlp", "embed"), "linear2")(x)
 
 
 class PositionalEncoding(nn.Module):
@@ -134,9 +185,8 @@ class PositionalEncoding(nn.Module):
         cfg = self.config
         length = x.shape[1]
         if cfg.positional == "learned":
-            table = self.param(
-                "weight", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model), cfg.param_dtype
-            )
+            init = with_axes(nn.initializers.normal(0.02), ("position", "embed"))
+            table = self.param("weight", init, (cfg.max_len, cfg.d_model), cfg.param_dtype)
         else:
             table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model), dtype=x.dtype)
         positions = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)

@@ -14,7 +14,7 @@ from flax import linen as nn
 from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_padding_mask
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
-from flax_transformer.nn.layers import Dense, PositionalEncoding, layer_norm
+from flax_transformer.nn.layers import Dense, PositionalEncoding, layer_norm, with_axes
 from flax_transformer.spec.config import TransformerConfig
 
 
@@ -139,12 +139,16 @@ def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
         cfg.d_model,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
-        embedding_init=nn.initializers.normal(stddev=cfg.d_model**-0.5),
+        embedding_init=with_axes(
+            nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")
+        ),
     )
 
 
 def _lm_head(cfg: TransformerConfig) -> Dense:
-    return Dense(cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    return Dense(
+        cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, axes=("embed", "vocab")
+    )
 
 
 class Transformer(_EmbeddingsMixin, nn.Module):

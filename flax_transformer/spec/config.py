@@ -13,6 +13,8 @@ from typing import Any
 ACTIVATIONS = ("relu", "gelu")
 POSITIONALS = ("sinusoidal", "learned")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+# How attention is computed; the same function either way (nn/attention.py, torch_reference).
+ATTENTION_IMPLS = ("auto", "fused", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,10 @@ class TransformerConfig:
     param_dtype: str = "float32"  # parameter storage dtype
     remat: bool = False  # rematerialise each block in the backward pass (saves memory)
     use_bias: bool = True  # biases in the blocks' Dense and LayerNorm layers and final norms
+    # "reference": explicit softmax(q k^T / sqrt(d)) v; "fused": the framework's fused kernel
+    # (jax.nn.dot_product_attention / F.scaled_dot_product_attention); "auto": fused where it
+    # was measured faster (Flax: on GPU; the torch twin keeps the reference path).
+    attention_impl: str = "auto"
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,6 +80,10 @@ class TransformerConfig:
             problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.positional not in POSITIONALS:
             problems.append(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            problems.append(
+                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
+            )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")

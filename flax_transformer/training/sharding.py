@@ -1,23 +1,25 @@
 """Sharded training with jax.sharding: the batch over a `data` axis, weights over `model`.
 
 One code path, the mesh decides: a 1x1 mesh is plain single-device training, data=N is data
-parallel, model=M splits attention heads and feed-forward hidden units (Megatron style):
+parallel, model=M splits attention heads and feed-forward hidden units (Megatron style).
 
-- attention query/key/value kernels (in, out): split on the output axis (= whole heads, since
-  out = heads * head_dim is head-major), their biases likewise;
-- attention `out` kernel: split on the input axis (the concatenated heads);
-- ffn linear1 kernel and bias: split on the output axis (hidden units); linear2 kernel: split
-  on the input axis;
-- everything else (embeddings, LayerNorms, output biases, lm_head, step counters, rng keys)
-  is replicated.
-The same rules apply to any pytree whose leaves sit under those names, so the optimiser's
-moments (Adam's mu and nu mirror the param tree) are split exactly like the params.
+Every param declares the logical names of its axes where it is created (nn/layers.py's
+`with_axes`); LOGICAL_RULES maps those names to mesh axes:
+
+- "heads" (num_heads * head_dim, head-major) -> model: the query/key/value kernels and biases
+  split on their output axis (whole heads), the attention `out` kernel on its input axis;
+- "mlp" (d_ff) -> model: ffn linear1's kernel and bias on the output axis, linear2's kernel on
+  its input axis;
+- "embed", "vocab", "position" -> replicated: embeddings, LayerNorms, output biases, lm_head.
+Leaves outside the params (step counters, rng keys) are replicated, and any part of the state
+shaped like the param tree (the optimiser's moments: Adam's mu and nu mirror it) is laid out
+exactly like the params.
 
 Entry point for a training loop:
 
     mesh = make_mesh("data=2,model=4")          # or parse_mesh(...) first to validate a flag
     check_config_fits(config, mesh)
-    state, step = shard_training(mesh, state, train_step)
+    state, step = shard_training(mesh, state, train_step, model=model)
     state, metrics = step(state, batch)         # batch: host numpy, sharded over `data`
 
 Many hosts: call `jax.distributed.initialize()` before anything else in every process; the
@@ -32,29 +34,26 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from flax_transformer.nn.kinds import abstract_variables
+from flax_transformer.nn.layers import boxed_param_axes
 from flax_transformer.spec.config import TransformerConfig
 
 AXES = ("data", "model")
 DATA, MODEL = AXES
 
-# (module name, leaf name) -> spec; checked on the last two names of a leaf's path, with the
-# attention modules identified by the name above them.
-_ATTENTION_MODULES = ("self_attn", "cross_attn")
-_RULES: dict[tuple[str, str], P] = {
-    ("query", "kernel"): P(None, MODEL),
-    ("key", "kernel"): P(None, MODEL),
-    ("value", "kernel"): P(None, MODEL),
-    ("query", "bias"): P(MODEL),
-    ("key", "bias"): P(MODEL),
-    ("value", "bias"): P(MODEL),
-    ("out", "kernel"): P(MODEL, None),
-    ("linear1", "kernel"): P(None, MODEL),
-    ("linear1", "bias"): P(MODEL),
-    ("linear2", "kernel"): P(MODEL, None),
-}
+# Logical axis name -> mesh axis (None: replicated). Every name a param declares needs a rule.
+LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
+    ("batch", DATA),
+    ("heads", MODEL),
+    ("mlp", MODEL),
+    ("embed", None),
+    ("vocab", None),
+    ("position", None),
+)
 
 
 class MeshError(ValueError):
@@ -121,52 +120,115 @@ def check_config_fits(config: TransformerConfig, mesh: Mesh, batch_size: int | N
 
 
 # ----------------------------------------------------------------------------- specs
-def _path_names(path) -> list[str]:
+def _is_box(node) -> bool:
+    return isinstance(node, nn.LogicallyPartitioned)
+
+
+def _boxed_params(model, inputs, kwargs) -> Any:
+    """A shape-only init of `model` with every param boxed with its logical axis names."""
+    with boxed_param_axes():
+        if inputs or kwargs:
+            variables = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs, **kwargs))
+        else:
+            variables = abstract_variables(model)
+    params = variables.get("params", {})
+    leaves, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_box)
+    undeclared = [_path_str(path) for path, leaf in leaves if not _is_box(leaf)]
+    if undeclared:
+        raise MeshError(
+            "params without logical axis names (create them with nn.layers.with_axes): "
+            + ", ".join(undeclared)
+        )
+    return params
+
+
+def logical_param_specs(model, *inputs, **kwargs) -> Any:
+    """The param tree of `model` with a PartitionSpec of each param's logical axis names.
+
+    Read from a shape-only init (nothing is allocated) called with `inputs` and `kwargs`, by
+    default the model kind's dummy inputs (nn.kinds). Raises MeshError for a param that
+    declares no axes.
+    """
+    return jax.tree.map(
+        lambda box: P(*box.names), _boxed_params(model, inputs, kwargs), is_leaf=_is_box
+    )
+
+
+def mesh_partition_spec(
+    logical: P, shape: Sequence[int], sizes: Mapping[str, int], where: str = "param"
+) -> P:
+    """Logical axis names -> mesh axes by LOGICAL_RULES, for an array of `shape` on a mesh of
+    `sizes` ({"data": 2, "model": 4}). Mesh axes of size 1 are dropped (replicated).
+
+    Raises MeshError for a name without a rule or a dimension the mesh axis does not divide.
+    """
+    rules = dict(LOGICAL_RULES)
+    unknown = [name for name in logical if name is not None and name not in rules]
+    if unknown:
+        raise MeshError(f"{where}: no sharding rule for the logical axis {unknown[0]!r}")
+    if len(logical) != len(shape):
+        raise MeshError(f"{where} of shape {tuple(shape)} has logical axes {tuple(logical)}")
+    spec = nn.logical_to_mesh_axes(tuple(logical), LOGICAL_RULES)
+    axes = tuple(axis if axis is not None and sizes.get(axis, 1) > 1 else None for axis in spec)
+    for axis, dim in zip(axes, shape, strict=True):
+        if axis is not None and dim % sizes[axis]:
+            raise MeshError(
+                f"{where} of shape {tuple(shape)} cannot be split over {axis}={sizes[axis]}"
+            )
+    return P(*axes) if any(axes) else P()
+
+
+def param_partition_specs(model, sizes: Mapping[str, int], *inputs, **kwargs) -> Any:
+    """The mesh PartitionSpec of every param of `model` on a mesh of `sizes` (a param tree).
+
+    `inputs` and `kwargs` as for logical_param_specs.
+    """
+
+    def spec(path, box):
+        return mesh_partition_spec(P(*box.names), box.value.shape, sizes, _path_str(path))
+
+    boxed = _boxed_params(model, inputs, kwargs)
+    return jax.tree_util.tree_map_with_path(spec, boxed, is_leaf=_is_box)
+
+
+def _path_str(path) -> str:
     names = []
     for entry in path:
         for attr in ("key", "name", "idx"):
             if hasattr(entry, attr):
                 names.append(str(getattr(entry, attr)))
                 break
-    return names
+    return "/".join(names)
 
 
-def partition_spec(path_names: Sequence[str], shape: Sequence[int], model_size: int) -> P:
-    """The spec of one leaf from its path names, e.g. (..., 'self_attn', 'query', 'kernel')."""
-    if len(path_names) < 2 or model_size == 1:
-        return P()
-    module, leaf = path_names[-2], path_names[-1]
-    spec = _RULES.get((module, leaf))
-    if spec is None:
-        return P()
-    if module in ("query", "key", "value", "out"):
-        if len(path_names) < 3 or path_names[-3] not in _ATTENTION_MODULES:
-            return P()
-    if len(spec) != len(shape):
-        return P()
-    for axis_name, dim in zip(spec, shape, strict=True):
-        if axis_name == MODEL and dim % model_size:
-            raise MeshError(
-                f"{'/'.join(path_names)} of shape {tuple(shape)} cannot be split over "
-                f"model={model_size}"
-            )
-    return spec
+def tree_shardings(mesh: Mesh, tree: Any, param_specs: Any) -> Any:
+    """A NamedSharding for every array leaf of `tree` (params, optimiser state, train state).
 
+    Each part of `tree` with the structure of `param_specs` (a param tree of PartitionSpecs,
+    see param_partition_specs) - the params, and optimiser moments that mirror them - takes
+    those specs; every other leaf is replicated. Raises MeshError when no part matches.
+    """
+    params_def = jax.tree.structure(param_specs)
+    matched = []
 
-def tree_shardings(mesh: Mesh, tree: Any) -> Any:
-    """A NamedSharding for every array leaf of `tree` (params, optimiser state, train state)."""
-    model_size = mesh_sizes(mesh)[MODEL]
+    def is_params(node) -> bool:
+        return jax.tree.structure(node) == params_def
 
-    def leaf_sharding(path, leaf):
-        shape = getattr(leaf, "shape", ())
-        return NamedSharding(mesh, partition_spec(_path_names(path), shape, model_size))
+    def shard(node):
+        if not is_params(node):
+            return NamedSharding(mesh, P())
+        matched.append(node)
+        return jax.tree.map(lambda spec, _: NamedSharding(mesh, spec), param_specs, node)
 
-    return jax.tree_util.tree_map_with_path(leaf_sharding, tree)
+    shardings = jax.tree.map(shard, tree, is_leaf=is_params)
+    if not matched:
+        raise MeshError("no part of the tree has the structure of the model's params")
+    return shardings
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis over `data`, the rest replicated."""
-    return NamedSharding(mesh, P(DATA))
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), LOGICAL_RULES))
 
 
 def shard_batch(mesh: Mesh, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
@@ -196,15 +258,18 @@ def shard_training(
     state: Any,
     train_step: Callable[..., tuple[Any, Any]],
     *,
+    model,
     donate: bool = True,
 ) -> tuple[Any, Callable[..., tuple[Any, Any]]]:
     """Shard a train state and wrap `train_step(state, batch, *rest) -> (state, metrics)`.
 
-    Returns the sharded state and `step(state, batch, *rest)`, which shards the (host) batch
-    over `data` and runs the jitted step with the state kept in its sharding; metrics come back
-    replicated. `rest` (e.g. an rng key) is passed through as given.
+    `model` is the linen model the state's params belong to: its params' declared logical
+    axes decide their layout. Returns the sharded state and `step(state, batch, *rest)`,
+    which shards the (host) batch over `data` and runs the jitted step with the state kept in
+    its sharding; metrics come back replicated. `rest` (e.g. an rng key) is passed through.
     """
-    state_shardings = tree_shardings(mesh, state)
+    param_specs = param_partition_specs(model, mesh_sizes(mesh))
+    state_shardings = tree_shardings(mesh, state, param_specs)
     state = jax.device_put(state, state_shardings)
     replicated = NamedSharding(mesh, P())
     jitted = jax.jit(
