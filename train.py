@@ -20,104 +20,101 @@ import time
 import warnings
 from pathlib import Path
 
-# Defaults of the model; chosen so the default run learns `reverse` in minutes on 2 CPU cores.
-MODEL_DEFAULTS = {
-    "d_model": 64,
-    "num_heads": 4,
-    "num_encoder_layers": 2,
-    "num_decoder_layers": 2,
-    "d_ff": 256,
-    "max_len": 64,
-    "dropout_rate": 0.0,
+from flax_transformer.spec.presets import PRESETS
+
+# The default model is the `small` preset (it learns the default task in minutes on 2 CPU
+# cores); its vocabulary sizes and pad id are replaced by the tokenizer's.
+MODEL_DEFAULTS = PRESETS["small"]
+# Model flags: dest -> (the config fields it sets, help). They default to None, so that only
+# the flags given override --config.
+MODEL_FLAGS = {
+    "d_model": (("d_model",), "width"),
+    "num_heads": (("num_heads",), "attention heads"),
+    "num_layers": (("num_encoder_layers", "num_decoder_layers"), "encoder and decoder layers"),
+    "d_ff": (("d_ff",), "feed-forward width"),
+    "max_len": (("max_len",), "longest sequence in tokens"),
+    "dropout": (("dropout_rate",), "dropout rate"),
 }
-BLEU_TOKENIZERS = ("auto", "13a", "char", "zh", "intl", "none")
 
 
 class UsageError(ValueError):
     """Bad flags or workdir; the message names the flag."""
 
 
+def add_option_flags(group, options_class, names, **overrides) -> None:
+    """One flag per named field of an options class (training/options.py): its default, help
+    and choices come from the field; `overrides` maps a name to argparse keywords to change."""
+    from flax_transformer.training.options import option_fields
+
+    fields = option_fields(options_class)
+    for name in names:
+        field = fields[name]
+        kwargs = {"default": field.default, **field.metadata}
+        if field.default is not None:  # None: the help says what happens without the flag
+            kwargs["help"] += " (default: %(default)s)"
+            if not isinstance(field.default, str):
+                kwargs["type"] = type(field.default)
+        kwargs.update(overrides.get(name, {}))
+        group.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from flax_transformer.training.data import LONG_POLICIES, TASKS
-    from flax_transformer.training.optim import SCHEDULES
+    from flax_transformer.training.options import BLEU_TOKENIZERS, DataOptions, TrainOptions
 
     p = argparse.ArgumentParser(
         prog="python train.py",
         description="Train the Transformer of 'Attention Is All You Need' (JAX/Flax) on a "
         "built-in task, a parallel corpus or a text file, with exact resume.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    data = p.add_argument_group("data (choose one source; default: --task reverse)")
-    data.add_argument("--task", choices=TASKS, help="built-in generated task (default: reverse)")
-    data.add_argument("--task-min-len", type=int, default=1, help="shortest task string")
-    data.add_argument("--task-max-len", type=int, default=16, help="longest task string")
-    data.add_argument("--task-train-size", type=int, default=100000, help="training strings")
-    data.add_argument("--task-valid-size", type=int, default=500, help="held-out strings")
+    default_task = DataOptions.task
+    data = p.add_argument_group(f"data (choose one source; default: --task {default_task})")
+    # --task defaults to None so that a second source is an error, not an override.
+    task = {"default": None, "help": f"built-in generated task (default: {default_task})"}
+    add_option_flags(
+        data,
+        DataOptions,
+        ("task", "task_min_len", "task_max_len", "task_train_size", "task_valid_size"),
+        task=task,
+    )
     data.add_argument("--train-tsv", help="training corpus: one 'source<TAB>target' per line")
     data.add_argument(
         "--valid-tsv", help="validation corpus (default: hold out a slice of --train-tsv)"
     )
     data.add_argument("--lm-text", help="text file for a decoder-only LM, one document a line")
     data.add_argument("--lm-valid", help="validation text (default: hold out some lines)")
-    data.add_argument(
-        "--tokenizer",
-        choices=("byte", "bpe"),
-        default="byte",
-        help="byte: UTF-8 bytes, any language; bpe: subword BPE trained on the training text",
-    )
-    data.add_argument("--bpe-vocab-size", type=int, default=4000, help="BPE vocabulary size")
-    data.add_argument(
-        "--on-long",
-        choices=LONG_POLICIES,
-        default="skip",
-        help="a pair longer than --max-len is skipped (with a warning), truncated, or an error",
-    )
+    add_option_flags(data, DataOptions, ("tokenizer", "bpe_vocab_size", "on_long"))
 
     model = p.add_argument_group("model (flags override --config)")
     model.add_argument(
         "--config", help="TransformerConfig JSON file (vocab sizes come from the tokenizer)"
     )
-    model.add_argument("--d-model", type=int, help=f"width (default {MODEL_DEFAULTS['d_model']})")
-    model.add_argument("--num-heads", type=int, help="attention heads (default 4)")
-    model.add_argument("--num-layers", type=int, help="encoder and decoder layers (default 2)")
-    model.add_argument("--d-ff", type=int, help="feed-forward width (default 256)")
-    model.add_argument("--max-len", type=int, help="longest sequence in tokens (default 64)")
-    model.add_argument("--dropout", type=float, help="dropout rate (default 0.0)")
+    for dest, (fields, text) in MODEL_FLAGS.items():
+        default = MODEL_DEFAULTS[fields[0]]
+        model.add_argument(
+            "--" + dest.replace("_", "-"), type=type(default), help=f"{text} (default: {default})"
+        )
 
     train = p.add_argument_group("training")
-    train.add_argument("--steps", type=int, default=1500, help="optimizer steps in total")
-    train.add_argument("--batch-size", type=int, default=64, help="sequences per batch")
-    train.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    train.add_argument("--warmup", type=int, default=150, help="linear warmup steps")
-    train.add_argument(
-        "--schedule",
-        choices=SCHEDULES,
-        default="cosine",
-        help="after warmup: the paper's 1/sqrt(step) or cosine to 0",
+    add_option_flags(
+        train,
+        TrainOptions,
+        ("steps", "batch_size", "lr", "warmup", "schedule", "label_smoothing", "clip_norm")
+        + ("weight_decay", "seed"),
     )
-    train.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing eps")
-    train.add_argument(
-        "--clip-norm", type=float, default=1.0, help="global gradient norm clip (0 = off)"
-    )
-    train.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay on matrices")
-    train.add_argument("--seed", type=int, default=0, help="seeds init, dropout and shuffling")
 
     run = p.add_argument_group("run")
-    run.add_argument("--workdir", help="where everything goes (default runs/<task or file>)")
-    run.add_argument("--eval-every", type=int, default=500, help="validation loss every N steps")
-    run.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps")
-    run.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept")
-    run.add_argument("--log-every", type=int, default=25, help="metrics.jsonl line every N steps")
-    run.add_argument(
-        "--bleu-tokenize",
-        choices=BLEU_TOKENIZERS,
-        default="auto",
-        help="sacrebleu tokenizer; auto: char for tasks, 13a for corpora",
-    )
-    run.add_argument(
-        "--mesh",
-        help="shard training over devices, e.g. data=2,model=4 (batch over data, heads and FFN "
-        "units over model); on CPU set JAX_NUM_CPU_DEVICES=N first to get N devices",
+    run.add_argument("--workdir", help="where everything goes (default: runs/<task or file>)")
+    corpus_bleu = TrainOptions.bleu_tokenize
+    add_option_flags(
+        run,
+        TrainOptions,
+        ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize", "mesh"),
+        bleu_tokenize={
+            "default": "auto",
+            "choices": ("auto", *BLEU_TOKENIZERS),
+            "help": f"sacrebleu tokenizer; auto: char for tasks, {corpus_bleu} for corpora "
+            "(default: %(default)s)",
+        },
     )
     run.add_argument(
         "--resume",
@@ -166,6 +163,8 @@ def _flag_values(parser, path, flag) -> dict:
 
 
 def check_args(args) -> None:
+    """What no options class can see: flags that go together. Values are checked by the options
+    classes (options_from_args)."""
     sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
@@ -176,23 +175,6 @@ def check_args(args) -> None:
         raise UsageError("--lm-valid needs --lm-text")
     if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text):
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
-    positive = (
-        "steps",
-        "batch_size",
-        "eval_every",
-        "save_every",
-        "keep_checkpoints",
-        "log_every",
-        "warmup",
-        "task_train_size",
-        "task_valid_size",
-        "bpe_vocab_size",
-    )
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise UsageError(f"--lr must be > 0, got {args.lr}")
     if args.mesh:
         from flax_transformer.training.sharding import MeshError, make_mesh
 
@@ -200,21 +182,40 @@ def check_args(args) -> None:
             make_mesh(args.mesh)
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
-    if not 0 <= args.label_smoothing < 1:
-        raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    for name in ("clip_norm", "weight_decay"):
-        if getattr(args, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+
+
+def options_from_args(options_class, args, **values):
+    """An options class (training/options.py) from the flags named like its fields (`values`
+    win); a value out of range is a UsageError naming its flag."""
+    from flax_transformer.training.options import OptionError, option_fields
+
+    flags = {name: getattr(args, name) for name in option_fields(options_class) if name in args}
+    try:
+        return options_class(**(flags | values))
+    except OptionError as err:
+        raise UsageError(f"--{err.field.replace('_', '-')} {err.problem}") from None
+
+
+def bleu_tokenizer(args) -> str:
+    """--bleu-tokenize auto: letter by letter for the built-in tasks, sacrebleu's usual for
+    corpora (TrainOptions' default)."""
+    from flax_transformer.training.options import TrainOptions
+
+    if args.bleu_tokenize != "auto":
+        return args.bleu_tokenize
+    return TrainOptions.bleu_tokenize if args.train_tsv else "char"
 
 
 def default_workdir(args) -> Path:
+    from flax_transformer.training.options import DataOptions
+
     if args.workdir:
         return Path(args.workdir)
     if args.train_tsv:
         return Path("runs") / Path(args.train_tsv).stem
     if args.lm_text:
         return Path("runs") / Path(args.lm_text).stem
-    return Path("runs") / (args.task or "reverse")
+    return Path("runs") / (args.task or DataOptions.task)
 
 
 def prepare_workdir(workdir: Path, resume: bool) -> None:
@@ -246,27 +247,27 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- data
-def load_pairs(args):
-    """(kind, train pairs, valid pairs) from the chosen source."""
+def load_pairs(args, data):
+    """(model kind, train pairs, valid pairs) from the chosen source; `data`: DataOptions."""
+    from flax_transformer.spec.kinds import LM, SEQ2SEQ
     from flax_transformer.training.data import generate_task, held_out, read_text_lines, read_tsv
 
     if args.train_tsv:
         train = read_tsv(args.train_tsv)
         valid = read_tsv(args.valid_tsv) if args.valid_tsv else None
-        kind = "transformer"
+        kind = SEQ2SEQ
     elif args.lm_text:
         train = read_text_lines(args.lm_text)
         valid = read_text_lines(args.lm_valid) if args.lm_valid else None
-        kind = "lm"
+        kind = LM
     else:
-        task = args.task or "reverse"
-        lengths = (args.task_min_len, args.task_max_len)
-        train = generate_task(task, args.task_train_size, args.seed, *lengths)
+        lengths = (data.task_min_len, data.task_max_len)
+        train = generate_task(data.task, data.task_train_size, args.seed, *lengths)
         # A different seed, and nothing seen in training: a true held-out set.
         valid = held_out(
-            generate_task(task, args.task_valid_size, args.seed + 1_000_003, *lengths), train
+            generate_task(data.task, data.task_valid_size, args.seed + 1_000_003, *lengths), train
         )
-        return "transformer", train, valid
+        return SEQ2SEQ, train, valid
     if valid is None:
         train, valid = split_off_validation(train, args.seed)
     return kind, train, valid
@@ -289,33 +290,26 @@ def split_off_validation(pairs, seed, fraction=0.05):
     return train, valid
 
 
-def make_tokenizer(args, workdir: Path, train_pairs):
+def make_tokenizer(args, data, workdir: Path, train_pairs):
     from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
     if args.resume:
         return load_tokenizer(workdir / "tokenizer.json")
-    if args.tokenizer == "bpe":
+    if data.tokenizer == "bpe":
         texts = (t for p in train_pairs for t in (p.source, p.target) if t)
-        return BPETokenizer.train(texts, vocab_size=args.bpe_vocab_size)
+        return BPETokenizer.train(texts, vocab_size=data.bpe_vocab_size)
     return ByteTokenizer()
 
 
 def make_config(args, tokenizer, workdir: Path):
-    from flax_transformer.spec.config import TransformerConfig
+    from flax_transformer.spec.config import TransformerConfig, config_diff
 
     values = dict(MODEL_DEFAULTS)
     if args.config:
         values = TransformerConfig.load(args.config).to_dict()
-    flags = {
-        "d_model": args.d_model,
-        "num_heads": args.num_heads,
-        "num_encoder_layers": args.num_layers,
-        "num_decoder_layers": args.num_layers,
-        "d_ff": args.d_ff,
-        "max_len": args.max_len,
-        "dropout_rate": args.dropout,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
+    for dest, (fields, _) in MODEL_FLAGS.items():
+        if getattr(args, dest) is not None:
+            values.update(dict.fromkeys(fields, getattr(args, dest)))
     values.update(
         src_vocab_size=tokenizer.vocab_size,
         tgt_vocab_size=tokenizer.vocab_size,
@@ -323,27 +317,32 @@ def make_config(args, tokenizer, workdir: Path):
     )
     config = TransformerConfig.from_dict(values)
     if args.resume:
-        saved = TransformerConfig.load(workdir / "config.json")
-        if saved != config:
-            diff = ", ".join(
-                f"{k}: {getattr(saved, k)!r} in the checkpoint, {v!r} requested"
-                for k, v in config.to_dict().items()
-                if getattr(saved, k) != v
+        diff = config_diff(TransformerConfig.load(workdir / "config.json"), config)
+        if diff:
+            described = ", ".join(
+                f"{field}: {saved!r} in the checkpoint, {requested!r} requested"
+                for field, (saved, requested) in diff.items()
             )
             raise UsageError(
-                f"--resume: the model config differs from {workdir / 'config.json'} ({diff}); "
-                "resume with the run's own settings or start a new --workdir"
+                f"--resume: the model config differs from {workdir / 'config.json'} "
+                f"({described}); resume with the run's own settings or start a new --workdir"
             )
     return config
 
 
 # ----------------------------------------------------------------------------- main
-def main(argv=None) -> int:
+def main(argv=None, hooks=()) -> int:
+    """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
+    called after every step and evaluation, they may stop the run early)."""
+    from flax_transformer.training.options import DataOptions, TrainOptions
+
     started = time.perf_counter()
     try:
         args = parse_args(argv)
         check_args(args)
-        return run(args, started)
+        data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
+        options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        return run(args, data, options, hooks, started)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -352,46 +351,27 @@ def main(argv=None) -> int:
         return 1
 
 
-def run(args, started: float) -> int:
+def run(args, data, options, hooks, started: float) -> int:
+    from flax_transformer.spec.kinds import LM
     from flax_transformer.training.data import encode_documents, encode_pairs
-    from flax_transformer.training.loop import Job, TrainOptions, run_training
+    from flax_transformer.training.loop import Job, run_training
 
     workdir = default_workdir(args)
     prepare_workdir(workdir, args.resume)
     # Read and check all input before writing anything into the workdir.
-    kind, train_pairs, valid_pairs = load_pairs(args)
-    tokenizer = make_tokenizer(args, workdir, train_pairs)
+    kind, train_pairs, valid_pairs = load_pairs(args, data)
+    tokenizer = make_tokenizer(args, data, workdir, train_pairs)
     config = make_config(args, tokenizer, workdir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if kind == "lm":
+        if kind == LM:
             train_set = encode_documents(train_pairs, tokenizer, config.max_len)
             valid_set = encode_documents(valid_pairs, tokenizer, config.max_len)
         else:
-            train_set = encode_pairs(train_pairs, tokenizer, config.max_len, args.on_long)
-            valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, args.on_long)
+            train_set = encode_pairs(train_pairs, tokenizer, config.max_len, data.on_long)
+            valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
-    bleu = args.bleu_tokenize
-    if bleu == "auto":
-        bleu = "13a" if args.train_tsv else "char"
-    options = TrainOptions(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=args.warmup,
-        schedule=args.schedule,
-        label_smoothing=args.label_smoothing,
-        clip_norm=args.clip_norm,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
-        keep_checkpoints=args.keep_checkpoints,
-        log_every=args.log_every,
-        bleu_tokenize=bleu,
-        mesh=args.mesh,
-    )
     if not args.resume:
         config.save(workdir / "config.json")
         tokenizer.save(workdir / "tokenizer.json")
@@ -410,7 +390,7 @@ def run(args, started: float) -> int:
         f"workdir {workdir}"
     )
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
-    results = run_training(job)
+    results = run_training(job, hooks)
     results["wall_time_s"] = time.perf_counter() - started
     (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print_summary(results, workdir)
@@ -418,8 +398,9 @@ def run(args, started: float) -> int:
 
 
 def print_summary(results: dict, workdir: Path) -> None:
+    early = " (stopped early by a step hook)" if results.get("stopped_early") else ""
     print(
-        f"\ntrained {results['steps']} steps in {results['wall_time_s']:.0f} s "
+        f"\ntrained {results['steps']} steps{early} in {results['wall_time_s']:.0f} s "
         f"({results['tokens_per_sec']:.0f} target tokens/s)"
     )
     line = f"valid loss {results['valid_loss']:.4f}, token accuracy {results['token_accuracy']:.4f}"

@@ -77,6 +77,7 @@ def test_read_tsv_and_its_errors(tmp_path):
 def test_encode_pairs_follows_the_sequence_conventions():
     pairs = generate_task("reverse", 3, seed=0, min_len=3, max_len=3)
     data = encode_pairs(pairs, TOK, max_len=16)
+    assert data.kind == "transformer"
     for i, pair in enumerate(pairs):
         np.testing.assert_array_equal(data.src[i], TOK.encode(pair.source) + [2])
         np.testing.assert_array_equal(data.tgt_in[i], [1] + TOK.encode(pair.target))
@@ -112,7 +113,7 @@ def test_lm_documents_are_windowed(tmp_path):
     np.testing.assert_array_equal(data.tgt_out[0], TOK.encode("abcd"))
     np.testing.assert_array_equal(data.tgt_in[1], TOK.encode("defg"))
     np.testing.assert_array_equal(data.tgt_out[2], TOK.encode("ij") + [2])
-    assert data.is_lm and data.src is None
+    assert data.kind == "lm" and data.src is None
 
 
 def test_bucket_boundaries():

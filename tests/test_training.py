@@ -1,4 +1,6 @@
-"""Loss, schedules, clipping and the jitted train step."""
+"""Loss, schedules, clipping, the jitted train step, the options and the step hooks."""
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -6,28 +8,30 @@ import numpy as np
 import optax
 import pytest
 
-from flax_transformer import TransformerConfig
 from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.presets import preset
+from flax_transformer.training.hooks import STOP, StepInfo, call_hooks
 from flax_transformer.training.optim import (
     clip_by_global_norm,
     make_optimizer,
     make_schedule,
     schedule_value,
 )
-from flax_transformer.training.state import create_train_state
+from flax_transformer.training.options import DataOptions, OptionError, TrainOptions
+from flax_transformer.training.state import create_train_state, init_params
 from flax_transformer.training.steps import make_eval_step, make_train_step, smoothed_cross_entropy
 
-CONFIG = TransformerConfig(
-    src_vocab_size=40,
-    tgt_vocab_size=44,
-    d_model=32,
-    num_heads=4,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-    d_ff=48,
-    max_len=16,
-    dropout_rate=0.0,
-)
+CONFIG = preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def learner():
+    """A tiny dropout model, an AdamW with warmup, and its jitted train / eval steps, shared by
+    the tests (each compilation costs seconds)."""
+    model = model_for(CONFIG.replace(dropout_rate=0.1), "transformer")
+    opt = make_optimizer(make_schedule("inverse_sqrt", 1e-2, 5, 40), weight_decay=0.01)
+    step = jax.jit(make_train_step(model, opt, label_smoothing=0.1))
+    return model, opt, step, jax.jit(make_eval_step(model, 0.1))
 
 
 def make_batch(seed=0, batch=4, length=8):
@@ -99,13 +103,13 @@ def test_clip_matches_optax_without_eps_and_torch_formula_with_it():
 
 def test_weight_decay_skips_biases_and_norms():
     model = model_for(CONFIG, "transformer")
-    params = create_train_state(model, optax.identity(), 0).params
-    opt = make_optimizer(0.0, weight_decay=0.5, clip_norm=0.0)  # lr 0: nothing should move...
+    params = init_params(model, 0)
     zeros = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = opt.update(zeros, opt.init(params), params)
+    opt = make_optimizer(0.0, weight_decay=0.5, clip_norm=0.0)  # lr 0: nothing should move...
+    updates, _ = jax.jit(opt.update)(zeros, opt.init(params), params)
     assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
     opt = make_optimizer(1.0, weight_decay=0.5, clip_norm=0.0)  # ...lr 1: decay shows
-    updates, _ = opt.update(zeros, opt.init(params), params)
+    updates, _ = jax.jit(opt.update)(zeros, opt.init(params), params)
     flat = jax.tree_util.tree_flatten_with_path(updates)[0]
     for path, update in flat:
         name = jax.tree_util.keystr(path)
@@ -113,11 +117,8 @@ def test_weight_decay_skips_biases_and_norms():
         assert decayed == (update.ndim >= 2), name
 
 
-def test_train_step_learns_and_is_deterministic():
-    model = model_for(CONFIG.replace(dropout_rate=0.1), "transformer")
-    opt = make_optimizer(make_schedule("inverse_sqrt", 1e-2, 5, 40), weight_decay=0.01)
-    step = jax.jit(make_train_step(model, opt, label_smoothing=0.1), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(model, 0.1))
+def test_train_step_learns_and_is_deterministic(learner):
+    model, opt, step, eval_step = learner
     batch = make_batch()
 
     def run(n):
@@ -137,16 +138,17 @@ def test_train_step_learns_and_is_deterministic():
         np.testing.assert_array_equal(a, b)
 
 
-def test_dropout_key_changes_with_step():
-    model = model_for(CONFIG.replace(dropout_rate=0.5), "transformer")
-    opt = make_optimizer(0.0, clip_norm=0.0)  # lr 0: params stay, only the step moves
-    step = jax.jit(make_train_step(model, opt))
+def test_dropout_key_changes_with_step(learner):
+    model, opt, step, _ = learner
     state = create_train_state(model, opt, seed=0)
-    s1, m1 = step(state, make_batch())
-    _, m2 = step(s1, make_batch())
-    _, m1_again = step(state, make_batch())
-    assert float(m1["loss_sum"]) == float(m1_again["loss_sum"])
-    assert float(m1["loss_sum"]) != float(m2["loss_sum"])
+    batch = make_batch()
+    # A step's metrics come from the params before its update: with the same params, only the
+    # dropout key fold_in(rng, step) can change them.
+    _, m0 = step(state, batch)
+    _, m0_again = step(state, batch)
+    _, m1 = step(state.replace(step=state.step + 1), batch)
+    assert float(m0["loss_sum"]) == float(m0_again["loss_sum"])
+    assert float(m0["loss_sum"]) != float(m1["loss_sum"])
 
 
 def test_lm_train_step():
@@ -161,3 +163,37 @@ def test_lm_train_step():
         state, metrics = step(state, batch)
         losses.append(float(metrics["loss_sum"]))
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_options_reject_values_out_of_range_naming_the_field():
+    assert TrainOptions().steps > 0  # the defaults are valid
+    for bad, field, problem in (
+        ({"steps": 0}, "steps", "must be > 0, got 0"),
+        ({"lr": -1.0}, "lr", "must be > 0, got -1.0"),
+        ({"clip_norm": -0.5}, "clip_norm", "must be >= 0, got -0.5"),
+        ({"label_smoothing": 1.0}, "label_smoothing", "must be in [0, 1), got 1.0"),
+        ({"schedule": "linear"}, "schedule", "must be one of ('inverse_sqrt', 'cosine')"),
+    ):
+        with pytest.raises(OptionError) as error:
+            TrainOptions(**bad)
+        assert error.value.field == field and problem in error.value.problem
+    with pytest.raises(OptionError, match="on_long must be one of"):
+        DataOptions(on_long="wrap")
+
+
+def test_hooks_all_see_each_call_and_any_can_stop():
+    info = StepInfo("step", 3, {}, None, Path("."), lambda: None)
+    calls = []
+
+    def watch(seen):
+        calls.append(("watch", seen.step))
+
+    def stop(seen):
+        calls.append(("stop", seen.step))
+        return STOP
+
+    assert call_hooks([watch], info) is False
+    assert call_hooks([stop, watch], info) is True  # watch still sees the step
+    assert calls == [("watch", 3), ("stop", 3), ("watch", 3)]
+    with pytest.raises(TypeError, match="returns None or STOP"):
+        call_hooks([lambda seen: True], info)

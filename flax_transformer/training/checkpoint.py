@@ -44,9 +44,6 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
-
     def save(self, state: TrainState, loader_state: dict[str, int] | None = None) -> int:
         step = int(state.step)
         meta = {

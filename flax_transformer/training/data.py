@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
+
 TASKS = ("copy", "reverse", "sort")
 LONG_POLICIES = ("skip", "truncate", "error")
 
@@ -146,8 +148,9 @@ class Dataset:
         return len(self.tgt_in)
 
     @property
-    def is_lm(self) -> bool:
-        return self.src is None
+    def kind(self) -> str:
+        """The model kind these examples train: LM without sources, else seq2seq."""
+        return LM if self.src is None else SEQ2SEQ
 
     def lengths(self) -> np.ndarray:
         """Per example, the longest of its sequences (what its bucket must hold)."""

@@ -4,7 +4,9 @@ sacrebleu BLEU, and the cross-attention maps of one example (for the heatmap).""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -74,16 +76,17 @@ def evaluate_decoding(
     return DecodeResult(exact, float(bleu), sources, references, hypotheses)
 
 
+@functools.partial(jax.jit, static_argnames="model")
+def _intermediates(model, params, src, tgt_in):
+    # One compiled program instead of hundreds of eager ops; cached per model and shape.
+    return model.apply({"params": params}, src, tgt_in, mutable=["intermediates"])[1]
+
+
 def cross_attention_maps(model, params, src, tgt_in) -> list[np.ndarray]:
     """Per decoder layer, the cross-attention weights (heads, tgt_len, src_len) of one example.
 
     src and tgt_in are 1-D token arrays (no padding), run teacher-forced."""
-    _, state = model.apply(
-        {"params": params},
-        jnp.asarray(src)[None],
-        jnp.asarray(tgt_in)[None],
-        mutable=["intermediates"],
-    )
+    state = _intermediates(model, params, jnp.asarray(src)[None], jnp.asarray(tgt_in)[None])
     layers = state["intermediates"]["decoder"]
     maps = []
     num_layers = sum(name.startswith("layers_") for name in layers)

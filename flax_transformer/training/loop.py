@@ -1,9 +1,10 @@
 """The training loop behind train.py: steps, evaluation, checkpoints, metrics and results.
 
-`run_training(job)` trains (or resumes) one run in `job.workdir` and returns results.json's
-content. The workdir already holds config.json, run.json and tokenizer.json (train.py writes
-them); this module adds checkpoints/, metrics.jsonl, the PNGs, results.json and the exported
-weights (flax_params.safetensors, torch_model.safetensors).
+`run_training(job, hooks=...)` trains (or resumes) one run in `job.workdir` and returns
+results.json's content; step hooks (hooks.py) see every step and evaluation and may stop the
+run. The workdir already holds config.json, run.json and tokenizer.json (train.py writes them);
+this module adds checkpoints/, metrics.jsonl, the PNGs, results.json and the exported weights
+(flax_params.safetensors, torch_model.safetensors).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -24,7 +25,7 @@ import optax
 from tqdm import tqdm
 
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
-from flax_transformer.nn.kinds import model_for
+from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
@@ -33,45 +34,24 @@ from flax_transformer.training.evaluation import (
     evaluate_decoding,
     evaluate_loss,
 )
+from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
 from flax_transformer.training.optim import make_optimizer, make_schedule
+from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_curves
 from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
-
-# Test hook: SIGKILL this process right after the given step (proves resume is exact).
-KILL_ENV = "FLAX_TRANSFORMER_TEST_SIGKILL_AT_STEP"
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. the loss became NaN); checkpoints already saved are kept."""
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-    steps: int = 1500
-    batch_size: int = 64
-    lr: float = 2e-3
-    warmup: int = 150
-    schedule: str = "cosine"
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    weight_decay: float = 0.01
-    seed: int = 0
-    eval_every: int = 500
-    save_every: int = 500
-    keep_checkpoints: int = 3
-    log_every: int = 25
-    bleu_tokenize: str = "13a"
-    num_examples: int = 5  # decoded examples printed and stored
-    mesh: str | None = None  # e.g. "data=2,model=4": shard the train step (sharding.py)
-
-
 @dataclasses.dataclass
 class Job:
     workdir: Path
     config: TransformerConfig
-    model_kind: str
+    model_kind: str  # one of spec.kinds.MODEL_KINDS
     tokenizer: Any
     train_set: Dataset
     valid_set: Dataset
@@ -102,12 +82,8 @@ class MetricsLog:
 
 
 # ----------------------------------------------------------------------------- loop
-def _is_finite(state: TrainState, metrics) -> bool:
-    values = [metrics["loss_sum"], optax.tree.norm(state.params)]
-    return bool(all(np.isfinite(float(v)) for v in values))
-
-
-def run_training(job: Job) -> dict[str, Any]:
+def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
+    """Trains (or resumes) `job`; `hooks` see every step and evaluation and may stop the run."""
     opt, cfg, workdir = job.options, job.config, job.workdir
     pad = job.tokenizer.pad_id
     model = model_for(cfg, job.model_kind)
@@ -135,16 +111,22 @@ def run_training(job: Job) -> dict[str, Any]:
         # One code path: the mesh decides how the state and the batch are laid out.
         mesh = make_mesh(opt.mesh)
         check_config_fits(cfg, mesh, opt.batch_size)
-        state, train_step = shard_training(mesh, state, step_fn)
+        state, train_step = shard_training(mesh, state, step_fn, model=model)
         print(f"sharded over mesh {dict(mesh.shape)} of {mesh.devices.size} devices")
     else:
         train_step = jax.jit(step_fn, donate_argnums=0)
     eval_step = jax.jit(make_eval_step(model, opt.label_smoothing))
     valid_batches = eval_batches(job.valid_set, opt.batch_size, cfg.max_len, pad)
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+
+    def ask(event: str, step: int, metrics, state) -> bool:
+        """True if a hook asked to stop."""
+        if not hooks:
+            return False
+        info = StepInfo(event, step, MappingProxyType(metrics), state, workdir, checkpointer.wait)
+        return call_hooks(hooks, info)
 
     start_step = int(state.step)
-    train_time, tokens, window = 0.0, 0, []
+    train_time, tokens, window, stopped_early = 0.0, 0, [], False
     wall_start = time.perf_counter()
     tick = time.perf_counter()
     bar = tqdm(total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
@@ -157,68 +139,83 @@ def run_training(job: Job) -> dict[str, Any]:
             tokens += int((batch["tgt_out"] != pad).sum())
             window.append(metrics)
             bar.update(1)
-            log_now = done % opt.log_every == 0 or done == opt.steps
-            eval_now = done % opt.eval_every == 0 and done < opt.steps  # the end has its own
-            save_now = done % opt.save_every == 0 or done == opt.steps
+            stop = ask("step", done, metrics, state)
+            last = stop or done == opt.steps  # a stopped run ends like one at its last step
+            log_now = done % opt.log_every == 0 or last
+            eval_now = done % opt.eval_every == 0 and not last  # the end has its own
+            save_now = done % opt.save_every == 0 or last
             if not (log_now or eval_now or save_now):
                 continue
             jax.block_until_ready(state)
             train_time += time.perf_counter() - tick
+            record = {
+                "kind": "train",
+                "step": done,
+                "train_loss": _checked_loss(window, state, done, checkpointer),
+                "lr": float(schedule(done - 1)),
+                "grad_norm": float(metrics["grad_norm"]),
+                "tokens_per_sec": tokens / max(train_time, 1e-9),
+            }
             if log_now or save_now:
-                loss_sum = sum(float(m["loss_sum"]) for m in window)
-                count = sum(float(m["token_count"]) for m in window)
-                train_loss = loss_sum / max(count, 1.0)
-                if not math.isfinite(train_loss) or not _is_finite(state, metrics):
-                    raise TrainingError(
-                        f"the loss became {train_loss} by step {done}; stopping without saving "
-                        f"(last checkpoint: step {checkpointer.latest_step()}). Try a lower --lr "
-                        "or a smaller --clip-norm."
-                    )
-                record = {
-                    "kind": "train",
-                    "step": done,
-                    "train_loss": train_loss,
-                    "lr": float(schedule(done - 1)),
-                    "grad_norm": float(metrics["grad_norm"]),
-                    "tokens_per_sec": tokens / max(train_time, 1e-9),
-                }
                 log.write(record)
-                bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{record['tokens_per_sec']:.0f}")
-                window = []
+                window.clear()
+                bar.set_postfix(
+                    loss=f"{record['train_loss']:.4f}", tok_s=f"{tokens / train_time:.0f}"
+                )
             if eval_now:
                 result = evaluate_loss(eval_step, on_host(state.params), valid_batches)
-                log.write(
-                    {
-                        "kind": "eval",
-                        "step": done,
-                        "valid_loss": result["loss"],
-                        "token_accuracy": result["token_accuracy"],
-                    }
-                )
+                scores = {"valid_loss": result["loss"], "token_accuracy": result["token_accuracy"]}
+                log.write({"kind": "eval", "step": done} | scores)
                 bar.write(
                     f"step {done}: valid loss {result['loss']:.4f}, "
                     f"token accuracy {result['token_accuracy']:.4f}"
                 )
+                if ask("eval", done, scores, state):
+                    stop = save_now = True
+                    if window:  # the stop step is logged and saved like any last step
+                        log.write(record)
+                        window.clear()
             if save_now:
                 checkpointer.save(on_host(state), loader.state())
-            if done == kill_at:
-                checkpointer.wait()
-                os.kill(os.getpid(), signal.SIGKILL)
+            if stop:
+                stopped_early = done < opt.steps
+                break
             tick = time.perf_counter()
     finally:
         bar.close()
         checkpointer.close()
-    return finish(
-        job, model, on_host(state), eval_step, valid_batches, train_time, tokens, wall_start
-    )
+    stats = {
+        "tokens_per_sec": tokens / max(train_time, 1e-9),
+        "train_time_s": train_time,
+        "stopped_early": stopped_early,
+    }
+    return finish(job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start)
+
+
+def _checked_loss(window: list, state: TrainState, step: int, checkpointer) -> float:
+    """Mean train loss over the steps in `window`; a non-finite loss or params end the run."""
+    loss_sum = sum(float(m["loss_sum"]) for m in window)
+    count = sum(float(m["token_count"]) for m in window)
+    train_loss = loss_sum / max(count, 1.0)
+    if not (math.isfinite(train_loss) and math.isfinite(float(optax.tree.norm(state.params)))):
+        raise TrainingError(
+            f"the loss became {train_loss} by step {step}; stopping without saving "
+            f"(last checkpoint: step {checkpointer.latest_step()}). Try a lower --lr "
+            "or a smaller --clip-norm."
+        )
+    return train_loss
 
 
 # ----------------------------------------------------------------------------- the end
-def finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall_start):
-    """Final evaluation, pictures, exported weights and results.json."""
+def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start):
+    """Final evaluation (shown to the hooks), pictures, exported weights and results.json."""
     opt, cfg, workdir, tok = job.options, job.config, job.workdir, job.tokenizer
     params = state.params
     final = evaluate_loss(eval_step, params, valid_batches)
+    scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
+    # The run is over: a STOP changes nothing, and every checkpoint is on disk.
+    call_hooks(hooks, StepInfo("eval", int(state.step), MappingProxyType(scores), state,
+                               workdir, lambda: None))  # fmt: skip
     results: dict[str, Any] = {
         "steps": int(state.step),
         "valid_loss": final["loss"],
@@ -226,7 +223,7 @@ def finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall
         "valid_examples": len(job.valid_set),
     }
     pictures = {}
-    if job.model_kind == "transformer":
+    if not is_lm(model):
         decoded = evaluate_decoding(
             model,
             params,
@@ -263,8 +260,7 @@ def finish(job, model, state, eval_step, valid_batches, train_time, tokens, wall
         workdir / "torch_model.safetensors", flax_to_torch_state(host_params), cfg, job.model_kind
     )
     results.update(
-        tokens_per_sec=tokens / max(train_time, 1e-9),
-        train_time_s=train_time,
+        stats,
         wall_time_s=time.perf_counter() - wall_start,
         pictures=pictures,
         weights={

@@ -76,5 +76,3 @@ def make_optimizer(
     if clip_norm and clip_norm > 0:
         return optax.chain(clip_by_global_norm(clip_norm), adamw)
     return adamw
-
-

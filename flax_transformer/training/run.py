@@ -12,6 +12,7 @@ import numpy as np
 
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.kinds import SEQ2SEQ
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.tokenizer import load_tokenizer
 
@@ -19,7 +20,7 @@ from flax_transformer.training.tokenizer import load_tokenizer
 @dataclasses.dataclass
 class RunArtifacts:
     config: TransformerConfig
-    model_kind: str  # "transformer" | "lm"
+    model_kind: str  # one of spec.kinds.MODEL_KINDS
     params: dict  # {"params": ...} from the latest checkpoint
     tokenizer: Any
     step: int = 0
@@ -37,7 +38,7 @@ def load_run(workdir: str | Path) -> RunArtifacts:
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
     config = TransformerConfig.load(workdir / "config.json")
     run = json.loads((workdir / "run.json").read_text())
-    kind = run.get("model", "transformer")
+    kind = run.get("model", SEQ2SEQ)
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]

@@ -38,5 +38,3 @@ def create_train_state(model, optimizer, seed: int, params=None) -> TrainState:
         opt_state=optimizer.init(params),
         rng=dropout_key,
     )
-
-

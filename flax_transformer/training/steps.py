@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from flax_transformer.nn.kinds import kind_of
+from flax_transformer.spec.kinds import model_inputs
 from flax_transformer.training.state import TrainState
 
 
@@ -51,13 +53,9 @@ def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float = 0.
 
 
 def compute_logits(model, params, batch, *, deterministic: bool = True, rngs=None):
-    """Teacher-forced logits (batch, tgt_len, vocab) for a seq2seq or LM batch."""
-    variables = {"params": params}
-    if "src" in batch:
-        return model.apply(
-            variables, batch["src"], batch["tgt_in"], deterministic=deterministic, rngs=rngs
-        )
-    return model.apply(variables, batch["tgt_in"], deterministic=deterministic, rngs=rngs)
+    """Teacher-forced logits (batch, tgt_len, vocab): the model takes its kind's batch arrays."""
+    inputs = model_inputs(batch, kind_of(model))
+    return model.apply({"params": params}, *inputs, deterministic=deterministic, rngs=rngs)
 
 
 def loss_fn(

@@ -93,6 +93,9 @@ class BPETokenizer:
         Path(path).write_text(self._tok.to_str())
 
 
+TOKENIZERS = {cls.kind: cls for cls in (ByteTokenizer, BPETokenizer)}  # train.py --tokenizer
+
+
 def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
     """Read a tokenizer saved by either class's `save`."""
     try:
