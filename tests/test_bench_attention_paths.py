@@ -58,12 +58,15 @@ def test_attention_impl_picks_the_path():
         attention.use_fused_attention("flash", mask)
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         CFG.replace(attention_impl="flash")
+    # A config.json written before the field existed still loads, with the default.
+    old = {name: value for name, value in CFG.to_dict().items() if name != "attention_impl"}
+    assert TransformerConfig.from_dict(old).attention_impl == "auto"
 
 
 def test_model_forward_and_gradients_equal_on_both_paths(monkeypatch):
     src = jnp.asarray([[5, 6, 7, 8, 0, 0], [0, 0, 0, 0, 0, 0]], jnp.int32)  # row 2 all padding
     tgt = jnp.asarray([[3, 4, 5, 0], [9, 10, 0, 0]], jnp.int32)
-    params = Transformer(CFG).init(jax.random.key(0), src, tgt)["params"]
+    params = jax.jit(Transformer(CFG).init)(jax.random.key(0), src, tgt)["params"]
     fused_calls = []
     fused = attention.fused_attention
     monkeypatch.setattr(
@@ -91,7 +94,8 @@ def test_weights_are_still_sown_when_requested():
     src = jnp.asarray([[5, 6, 7]], jnp.int32)
     tgt = jnp.asarray([[3, 4]], jnp.int32)
     model = Transformer(CFG.replace(attention_impl="fused"))
-    variables = model.init(jax.random.key(0), src, tgt)
-    _, state = model.apply(variables, src, tgt, mutable=["intermediates"])
+    variables = jax.jit(model.init)(jax.random.key(0), src, tgt)  # jitted: faster than eager
+    apply = jax.jit(functools.partial(model.apply, mutable=["intermediates"]))
+    _, state = apply(variables, src, tgt)
     sown = jax.tree.leaves(state["intermediates"])
     assert any(leaf.shape == (1, CFG.num_heads, 2, 3) for leaf in sown)  # cross-attention

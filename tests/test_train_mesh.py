@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from flax_transformer.interop.convert import load_safetensors
+from tests.test_sharding import FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
@@ -21,7 +22,9 @@ LR, STEPS = 2e-3, 6
 
 
 def train(workdir, *extra, devices=1):
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices))
+    # Both runs compile with XLA:CPU's cheapest code generation (most of their time).
+    xla_flags = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE])
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), XLA_FLAGS=xla_flags)
     cmd = [sys.executable, str(ROOT / "train.py"), *ARGS, "--workdir", str(workdir), *extra]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
