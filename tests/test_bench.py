@@ -1,14 +1,16 @@
 """bench.train_throughput: the FLOP count agrees with XLA's, size flags reach the config, and a
---quick run works end to end."""
+--quick run works end to end; bench.ab_step times two trees in turn."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import jax
 import pytest
 
-from bench import setup
+from bench import ab_step, setup
 from bench import train_throughput as tt
 from flax_transformer.nn.model import Transformer
 from flax_transformer.spec.presets import preset
@@ -113,3 +115,54 @@ def test_bad_flags_exit_with_a_message(argv, message, capsys):
 def test_make_batch_refuses_sequences_longer_than_max_len():
     with pytest.raises(ValueError, match="exceeds the config's max_len 16"):
         setup.make_batch(setup.bench_config("tiny"), 2, 17, 8)
+
+
+def copy_tree(root: Path, dest: Path, label_smoothing: str | None = None) -> Path:
+    """The packages bench.ab_step's worker imports, copied; optionally another label smoothing
+    (a different compiled program)."""
+    for package in ("bench", "flax_transformer"):
+        shutil.copytree(root / package, dest / package, ignore=shutil.ignore_patterns("__py*"))
+    if label_smoothing is not None:
+        setup_py = dest / "bench" / "setup.py"
+        old, new = "LABEL_SMOOTHING = 0.1\n", f"LABEL_SMOOTHING = {label_smoothing}\n"
+        assert old in setup_py.read_text()
+        setup_py.write_text(setup_py.read_text().replace(old, new))
+    return dest
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
+    """bench.ab_step on this tree and a copy (changed: with label smoothing 0.2): each worker
+    imports the tree it was given, both train the same config, every round times both, and
+    the compiled programs are found equal exactly when the code is the same."""
+    root = Path(__file__).resolve().parents[1]
+    other = copy_tree(root, tmp_path / "copy", "0.2" if changed else None)
+    out = tmp_path / "ab.json"
+    argv = ["--tree", f"a={root}", "--tree", f"b={other}", "--preset", "tiny", "--batch", "2"]
+    argv += ["--src-len", "8", "--tgt-len", "8", "--rounds", "2", "--steps", "1"]
+    assert ab_step.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for name, tree in (("a", root), ("b", other)):
+        assert result["flax_transformer"][name] == str(tree / "flax_transformer" / "__init__.py")
+        assert result["config"][name] == preset("tiny", dropout_rate=0.1).to_dict()
+        assert result["step_ms"][name]["n"] == 2 and len(result["round_median_ms"][name]) == 2
+    assert result["same_compiled_program"] is not changed
+    assert result["b_over_a_median_ratio"] > 0
+    low, high = result["b_over_a_round_ratio_range"]
+    assert 0 < low <= result["b_over_a_round_ratio_median"] <= high
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tree", "a=."], "give exactly two --tree NAME=DIR"),
+        (["--tree", "a=.", "--tree", "a=."], "the two trees need different names"),
+        (["--tree", "a=.", "--tree", "b=/nonexistent"], "no bench/flax_step.py there"),
+        (["--tree", "a=.", "--tree", "b=.", "--src-len", "129"], "exceeds the config's max_len"),
+    ],
+)
+def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ab_step.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
