@@ -5,7 +5,7 @@
 A seq2seq Transformer of fixed size (d_model 256, 4 heads, 3+3 layers, d_ff 1024, vocab 1000,
 float32, random weights) greedy-decodes `--batch` sources of `--src-len` tokens for each count
 of new tokens (EOS off, so every run makes exactly that many). Both paths are the same jitted
-`lax.while_loop` (flax_transformer.decode.greedy_decode):
+`lax.while_loop` (flax_transformer.decoding.generate with Greedy()):
 - cached: one token per step through the KV cache; the encoder output is projected once;
 - uncached (use_cache=False): every step re-runs the decoder over the whole (batch, length)
   token buffer, causal mask; static shapes under jit, as a jitted decoder without a cache must.
@@ -29,20 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.presets import preset
 
 LENGTHS = (32, 64, 128, 256, 512)
 
 
 def bench_config(quick: bool) -> TransformerConfig:
     if quick:  # a smoke run for the test suite
-        return TransformerConfig(
-            src_vocab_size=64, tgt_vocab_size=64, d_model=32, num_heads=4, num_encoder_layers=1,
-            num_decoder_layers=1, d_ff=64, dropout_rate=0.0, max_len=32,
-        )  # fmt: skip
-    return TransformerConfig(
-        src_vocab_size=1000, tgt_vocab_size=1000, d_model=256, num_heads=4,
-        num_encoder_layers=3, num_decoder_layers=3, d_ff=1024, dropout_rate=0.0, max_len=512,
-    )  # fmt: skip
+        return preset("tiny", src_vocab_size=64, tgt_vocab_size=64, d_ff=64, max_len=32)
+    return preset("reference", dropout_rate=0.0, max_len=512)
 
 
 def run(
@@ -57,18 +52,22 @@ def run(
     import jax
 
     from flax_transformer import Transformer
-    from flax_transformer.decoding.search import greedy_decode
+    from flax_transformer.decoding import Greedy, generate
+    from flax_transformer.nn.kinds import abstract_variables
 
     model = Transformer(config)
     rng = np.random.default_rng(0)
     src = rng.integers(3, config.src_vocab_size, (batch, src_len)).astype(np.int32)
-    params = jax.jit(model.init)(jax.random.key(0), src, src[:, :1])
-    params = jax.tree.map(np.asarray, params)
+    # Random weights of the model's shapes, drawn by numpy (the values do not change the time).
+    params = jax.tree.map(
+        lambda s: rng.normal(0.0, 0.05, s.shape).astype(s.dtype), abstract_variables(model)
+    )
 
     def decode(n_new: int, use_cache: bool):
-        out = greedy_decode(
-            model, params, src, max_new_tokens=n_new, bos_id=1, eos_id=None, use_cache=use_cache
-        )
+        out = generate(
+            model, params, src, Greedy(), max_new_tokens=n_new, bos_id=1, eos_id=None,
+            use_cache=use_cache,
+        )  # fmt: skip
         return np.asarray(out)  # blocks until done
 
     paths = ("cached", "uncached")

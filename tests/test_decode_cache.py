@@ -2,7 +2,8 @@
 
 Each case feeds a fixed token sequence through the cache in chunks (a multi-token prefill,
 then one token per call, or other splits) and compares every position's logits with one
-forward pass of the whole sequence.
+forward pass of the whole sequence. Both run in one compiled program per case; the weights are
+random numpy arrays of the model's shapes (no init to compile).
 """
 
 from __future__ import annotations
@@ -14,33 +15,40 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import Transformer, TransformerConfig, TransformerLM
-from flax_transformer.decoding.search import init_cache
+from flax_transformer.decoding import init_cache
 from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.nn.kinds import abstract_variables, model_for
+from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.numerics import assert_close
+from flax_transformer.spec.presets import preset
 
 PAD = 0
-BASE = dict(
-    src_vocab_size=43, tgt_vocab_size=47, d_model=32, num_heads=4, d_ff=72,
-    num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_len=24,
-)  # fmt: skip
 
 
 def make_config(**changes) -> TransformerConfig:
-    return TransformerConfig(**{**BASE, **changes})
+    """The tiny preset with two decoder layers (caches of more than one layer), vocab 43/47."""
+    base = dict(src_vocab_size=43, tgt_vocab_size=47, num_decoder_layers=2, d_ff=72, max_len=24)
+    return preset("tiny", **{**base, **changes})
+
+
+def random_variables(model, rng: np.random.Generator) -> dict:
+    """Random weights of the model's shapes (eval_shape, then numpy: nothing is compiled)."""
+    return jax.tree.map(
+        lambda s: rng.normal(0.0, 0.3, s.shape).astype(s.dtype), abstract_variables(model)
+    )
 
 
 def build(kind: str, config: TransformerConfig, batch: int = 3, src_len: int = 9, seed: int = 0):
     """Model, params, ragged source (B, S) (None for the LM) and target tokens (B, 12)."""
     rng = np.random.default_rng(seed)
+    model = model_for(config, "lm" if kind == "lm" else "transformer")
+    params = random_variables(model, rng)
     tgt = rng.integers(1, config.tgt_vocab_size, (batch, 12))
     if kind == "lm":
-        model = TransformerLM(config)
-        return model, model.init(jax.random.key(seed), tgt), None, tgt
+        return model, params, None, tgt
     src = rng.integers(1, config.src_vocab_size, (batch, src_len))
     src[1, 5:] = PAD  # ragged sources: the cross-attention mask matters
-    model = Transformer(config)
-    return model, model.init(jax.random.key(seed), src, tgt), src, tgt
+    return model, params, src, tgt
 
 
 def _feed(model, params, src_mask, cache, encoded, tokens):
@@ -61,10 +69,9 @@ def _feed(model, params, src_mask, cache, encoded, tokens):
     return logits, new["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "chunks", "cache_len"))
 def cached_logits(model, params, src, tgt, *, chunks, cache_len):
-    """Logits (B, T, V) of tgt fed through the cache: the first chunks as given (the first one
-    a multi-token prefill), then the remaining tokens one per call in a lax.scan."""
+    """Logits (B, T, V) of tgt fed through the cache: the first chunks as given, then the
+    remaining tokens one per call in a lax.scan."""
     batch = tgt.shape[0]
     src_mask = encoded = None
     if src is None:
@@ -89,12 +96,18 @@ def cached_logits(model, params, src, tgt, *, chunks, cache_len):
     return jnp.concatenate(pieces, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
 def full_logits(model, params, src, tgt):
     causal = make_causal_mask(tgt.shape[1])  # no padding mask: tgt has no pads
     if src is None:
         return model.apply(params, tgt, mask=causal)
     return model.apply(params, src, tgt, tgt_mask=causal)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "chunks", "cache_len"))
+def cached_and_full(model, params, src, tgt, *, chunks, cache_len):
+    """(cached, full) logits (B, T, V): one compilation per case instead of two."""
+    cached = cached_logits(model, params, src, tgt, chunks=chunks, cache_len=cache_len)
+    return cached, full_logits(model, params, src, tgt)
 
 
 CONFIGS = {
@@ -110,6 +123,13 @@ CONFIGS = {
         activation="gelu",
     ),
 }
+# How each config feeds its 12 tokens: (first chunks, cache_len); the rest go one per call.
+FEEDS = {
+    # A single first token, then uneven multi-token chunks on a filled cache; exactly full.
+    "post-LN": ((1, 3, 2), 12),
+    # A 5-token prefill in one call; the cache is longer than needed.
+    "pre-LN, final norm, learned positions, tied shared embeddings, scaled, gelu": ((5,), 20),
+}
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "lm"])
@@ -117,20 +137,17 @@ CONFIGS = {
 def test_cached_logits_equal_full_recompute_every_step(kind, name):
     config = make_config(**CONFIGS[name])
     model, params, src, tgt = build(kind, config)
-    expected = full_logits(model, params, src, tgt)
-    # A 5-token prefill in one call, then one token per call; the cache is longer than needed.
-    actual = cached_logits(model, params, src, tgt, chunks=(5,), cache_len=20)
-    assert_close(actual, expected, atol=1e-5, what=f"{kind} cached vs full logits")
+    chunks, cache_len = FEEDS[name]
+    actual, expected = cached_and_full(model, params, src, tgt, chunks=chunks, cache_len=cache_len)
+    assert_close(actual, expected, atol=1e-5, what=f"{kind} cached vs full logits, {chunks}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["seq2seq", "lm"])
-def test_prefill_all_at_once_and_uneven_chunks(kind):
-    model, params, src, tgt = build(kind, make_config(), seed=1)
-    expected = full_logits(model, params, src, tgt)
-    for chunks in [(12,), (1, 3, 2, 6)]:  # all at once; uneven pieces
-        actual = cached_logits(model, params, src, tgt, chunks=chunks, cache_len=12)
-        assert_close(actual, expected, atol=1e-5, what=f"{kind} chunks {chunks}")
+def test_prefill_all_at_once(kind):
+    model, params, src, tgt = build(kind, make_config(num_decoder_layers=1), seed=1)
+    actual, expected = cached_and_full(model, params, src, tgt, chunks=(12,), cache_len=12)
+    assert_close(actual, expected, atol=1e-5, what=f"{kind} all 12 tokens in one call")
 
 
 @pytest.mark.slow
@@ -138,19 +155,20 @@ def test_cache_works_with_remat():
     model, params, src, tgt = build(
         "seq2seq", make_config(remat=True, num_encoder_layers=1, num_decoder_layers=1), seed=2
     )
-    expected = full_logits(model, params, src, tgt)
-    actual = cached_logits(model, params, src, tgt, chunks=(4,), cache_len=12)
+    actual, expected = cached_and_full(model, params, src, tgt, chunks=(4,), cache_len=12)
     assert_close(actual, expected, atol=1e-5, what="remat cached vs full logits")
 
 
 def test_init_cache_shapes_and_bad_sizes():
     config = make_config()
-    model = Transformer(config)
+    model = model_for(config, "transformer")
     cache = init_cache(model, 2, 10, src_len=7)
-    layer = cache["decoder"]["layers_0"]
+    layer = cache["decoder"]["layers_1"]  # every layer has its own cache
     assert layer["self_attn"]["cached_key"].shape == (2, 10, 4, 8)
     assert layer["cross_attn"]["cached_key"].shape == (2, 7, 4, 8)
     assert int(layer["self_attn"]["cache_index"]) == 0
+    lm_cache = init_cache(model_for(config, "lm"), 3, 5)
+    assert lm_cache["decoder"]["layers_1"]["self_attn"]["cached_value"].shape == (3, 5, 4, 8)
     with pytest.raises(ValueError, match="src_len"):
         init_cache(model, 2, 10)
     with pytest.raises(ValueError, match="max_len"):

@@ -1,7 +1,12 @@
-"""Search: greedy against torch_reference's plain loop, beam search, sampling, ragged batches."""
+"""Search through `generate`: greedy against torch_reference's plain loop, beam search,
+sampling, ragged batches, for both kinds of model; the historical wrappers equal `generate`.
+
+Compilations dominate the time: every call below with the same model, strategy class, beam
+size and shapes reuses one compiled loop (the sampling numbers and eos_id are traced)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -11,9 +16,13 @@ import pytest
 import torch
 
 import torch_reference
-from flax_transformer import Transformer, TransformerConfig, TransformerLM, make_causal_mask
-from flax_transformer.decoding.search import (
+from flax_transformer import TransformerConfig, make_causal_mask
+from flax_transformer.decoding import (
+    Beam,
+    Greedy,
+    Sample,
     beam_search,
+    generate,
     greedy_decode,
     length_penalty,
     lm_beam_search,
@@ -22,13 +31,14 @@ from flax_transformer.decoding.search import (
     sample_decode,
 )
 from flax_transformer.interop.convert import torch_state_to_flax
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.presets import preset
 
 BOS, PAD = 1, 0
 N_NEW = 10
-CONFIG = TransformerConfig(
-    src_vocab_size=31, tgt_vocab_size=29, d_model=32, num_heads=4, d_ff=48,
-    num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=24,
-)  # fmt: skip
+# The tiny preset (1+1 layers): the loops do not depend on depth, and test_decode_cache checks
+# the cache of a deeper decoder against full recompute.
+CONFIG = preset("tiny", src_vocab_size=31, tgt_vocab_size=29, max_len=24)
 
 
 def converted(kind: str, seed: int = 0, config: TransformerConfig = CONFIG):
@@ -37,7 +47,7 @@ def converted(kind: str, seed: int = 0, config: TransformerConfig = CONFIG):
     twin = torch_reference.Transformer if kind == "transformer" else torch_reference.TransformerLM
     torch_model = twin(config).eval()
     params = torch_state_to_flax(torch_reference.state_dict_to_numpy(torch_model), config, kind)
-    model = Transformer(config) if kind == "transformer" else TransformerLM(config)
+    model = model_for(config, kind)
     return torch_model, model, params
 
 
@@ -103,9 +113,10 @@ def test_seq2seq_greedy_equals_torch_plain_loop_cached_and_uncached(seq2seq):
     model, params, src, eos, expected = seq2seq
     assert (expected == eos).any() and (expected == PAD).any()  # EOS and padding exercised
     for use_cache in (True, False):
-        tokens = greedy_decode(
-            model, params, src, max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, use_cache=use_cache
-        )
+        tokens = generate(
+            model, params, src, Greedy(), max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos,
+            use_cache=use_cache,
+        )  # fmt: skip
         assert tokens.shape == (4, N_NEW) and tokens.dtype == jnp.int32
         np.testing.assert_array_equal(tokens, expected, err_msg=f"use_cache={use_cache}")
 
@@ -114,8 +125,8 @@ def test_lm_greedy_ragged_prompts_equal_each_prompt_alone(lm):
     model, params, prompts, eos, expected = lm
     assert (expected == eos).any()
     for use_cache in (True, False):
-        tokens = lm_greedy_decode(
-            model, params, prompts, max_new_tokens=N_NEW, eos_id=eos, use_cache=use_cache
+        tokens = generate(
+            model, params, prompts, Greedy(), max_new_tokens=N_NEW, eos_id=eos, use_cache=use_cache
         )
         np.testing.assert_array_equal(tokens, expected, err_msg=f"use_cache={use_cache}")
 
@@ -125,29 +136,34 @@ def test_lm_greedy_ragged_prompts_equal_each_prompt_alone(lm):
 
 def test_beam_one_equals_greedy(seq2seq, lm):
     model, params, src, eos, expected = seq2seq
-    tokens, scores = beam_search(
-        model, params, src, beam_size=1, max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, alpha=0.0
+    tokens, scores = generate(
+        model, params, src, Beam(1, alpha=0.0), max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos
     )
     assert tokens.shape == (4, 1, N_NEW) and scores.shape == (4, 1)
     np.testing.assert_array_equal(tokens[:, 0], expected)
     model, params, prompts, eos, expected = lm
-    tokens, _ = lm_beam_search(
-        model, params, prompts, beam_size=1, max_new_tokens=N_NEW, eos_id=eos, alpha=0.0
+    tokens, _ = generate(
+        model, params, prompts, Beam(1, alpha=0.0), max_new_tokens=N_NEW, eos_id=eos
     )
     np.testing.assert_array_equal(tokens[:, 0], expected)
 
 
+@functools.partial(jax.jit, static_argnames="model")
 def lm_logits(model, params, tokens):
     """Full-forward logits; causal mask only (a generated pad id is a token like any other)."""
-    return model.apply(params, jnp.asarray(tokens), mask=make_causal_mask(tokens.shape[1]))
+    return model.apply(params, tokens, mask=make_causal_mask(tokens.shape[1]))
+
+
+@functools.partial(jax.jit, static_argnames="model")
+def seq2seq_logits(model, params, src, tgt_in):
+    causal = make_causal_mask(tgt_in.shape[1])  # a generated pad id is a token like any other
+    return model.apply(params, src, tgt_in, tgt_mask=causal)
 
 
 def sequence_log_prob(model, params, src, new_tokens, eos_id) -> np.ndarray:
     """Sum of log p(token) over each row's tokens up to its first EOS, by one full forward."""
     tgt = np.concatenate([np.full((len(new_tokens), 1), BOS), new_tokens], axis=1)
-    causal = make_causal_mask(tgt.shape[1] - 1)  # a generated pad id is a token like any other
-    logits = model.apply(params, src, jnp.asarray(tgt[:, :-1]), tgt_mask=causal)
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    logp = jax.nn.log_softmax(seq2seq_logits(model, params, src, tgt[:, :-1]), axis=-1)
     picked = np.take_along_axis(np.asarray(logp), tgt[:, 1:, None], axis=-1)[..., 0]
     keep = np.cumsum(np.cumsum(new_tokens == eos_id, axis=1), axis=1) <= 1  # up to first EOS
     return (picked * keep).sum(axis=1), keep.sum(axis=1)
@@ -161,29 +177,30 @@ def test_exhaustive_beam_finds_the_best_scored_sequence():
     _, model, params = converted("transformer", seed=3, config=config)
     src = np.array([[5, 9, 4, 7, 0, 0], [12, 3, 3, 8, 30, 2]])
     eos, alpha, steps = 2, 0.6, 3
-    tokens, scores = beam_search(
-        model, params, src, beam_size=36, max_new_tokens=steps, bos_id=BOS, eos_id=eos,
-        alpha=alpha,
-    )  # fmt: skip
+    tokens, scores = generate(
+        model, params, src, Beam(36, alpha), max_new_tokens=steps, bos_id=BOS, eos_id=eos
+    )
+    # Every output: ends in EOS at length 1..3, or reaches length 3 without one.
+    outputs = [
+        list(p) + [eos] + [PAD] * (steps - 1 - len(p))
+        for n in range(steps)
+        for p in itertools.product(range(6), repeat=n)
+        if eos not in p
+    ] + [list(p) for p in itertools.product(range(6), repeat=steps) if eos not in p]
+    outputs = np.array(outputs)
+    index = {tuple(o): i for i, o in enumerate(outputs.tolist())}
+    # Both sources in one forward (one compilation): (2 * len(outputs), ...).
+    logp, lengths = sequence_log_prob(
+        model, params, np.repeat(src, len(outputs), 0), np.tile(outputs, (2, 1)), eos
+    )
+    brute_all = (logp / np.asarray(length_penalty(lengths, alpha))).reshape(2, len(outputs))
     for row in range(len(src)):
-        # Every output: ends in EOS at length 1..3, or reaches length 3 without one.
-        outputs = [
-            list(p) + [eos] + [PAD] * (steps - 1 - len(p))
-            for n in range(steps)
-            for p in itertools.product(range(6), repeat=n)
-            if eos not in p
-        ] + [list(p) for p in itertools.product(range(6), repeat=steps) if eos not in p]
-        outputs = np.array(outputs)
-        logp, lengths = sequence_log_prob(
-            model, params, np.repeat(src[row : row + 1], len(outputs), 0), outputs, eos
-        )
-        brute = logp / np.asarray(length_penalty(jnp.asarray(lengths), alpha))
+        brute = brute_all[row]
         best = int(np.argmax(brute))
         np.testing.assert_array_equal(tokens[row, 0], outputs[best])
         np.testing.assert_allclose(scores[row, 0], brute[best], rtol=1e-5)
         # The other beams are real, distinct candidates with their true scores, best first.
         assert np.all(np.diff(np.asarray(scores[row])) <= 1e-6)
-        index = {tuple(o): i for i, o in enumerate(outputs.tolist())}
         chosen = [index[tuple(t)] for t in np.asarray(tokens[row, :5]).tolist()]
         assert len(set(chosen)) == 5
         np.testing.assert_allclose(scores[row, :5], brute[chosen], rtol=1e-5)
@@ -193,7 +210,7 @@ def continuation_logits(model, params, prompts, lengths, new_tokens):
     """Logits (R, N, V) predicting each of new_tokens (R, N) after its prompt, by one full
     forward over every row at once (trailing pads are hidden by the causal mask)."""
     width = prompts.shape[1] + new_tokens.shape[1]
-    full = np.zeros((len(new_tokens), width), np.int64)
+    full = np.zeros((len(new_tokens), width), np.int32)
     for row, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
         full[row, : n + new_tokens.shape[1]] = np.concatenate([prompt[:n], new_tokens[row]])
     logits = np.asarray(lm_logits(model, params, full))
@@ -208,8 +225,8 @@ def new_count(row: np.ndarray, eos_id: int) -> int:
 def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
     model, params, prompts, eos, _ = lm
     beams = 3
-    tokens, scores = lm_beam_search(
-        model, params, prompts, beam_size=beams, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6
+    tokens, scores = generate(
+        model, params, prompts, Beam(beams, alpha=0.6), max_new_tokens=N_NEW, eos_id=eos
     )
     tokens = np.asarray(tokens).reshape(-1, N_NEW)  # (B * beams, N)
     lengths = np.repeat((prompts != PAD).sum(1), beams)
@@ -219,12 +236,12 @@ def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
     picked = np.take_along_axis(np.asarray(logp), tokens[..., None], axis=-1)[..., 0]
     for row, new in enumerate(tokens):
         count = new_count(new, eos)
-        true_score = picked[row, :count].sum() / float(length_penalty(jnp.array(count), 0.6))
+        true_score = picked[row, :count].sum() / float(length_penalty(count, 0.6))
         np.testing.assert_allclose(scores.reshape(-1)[row], true_score, rtol=1e-5)
         assert np.all(new[count:] == PAD)
     assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # best first
-    uncached, uncached_scores = lm_beam_search(
-        model, params, prompts, beam_size=beams, max_new_tokens=N_NEW, eos_id=eos, alpha=0.6,
+    uncached, uncached_scores = generate(
+        model, params, prompts, Beam(beams, alpha=0.6), max_new_tokens=N_NEW, eos_id=eos,
         use_cache=False,
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(uncached).reshape(-1, N_NEW), tokens)
@@ -236,24 +253,27 @@ def test_lm_beam_search_ragged_scores_are_true_log_probs(lm):
 
 def test_sampling_is_reproducible_and_key_dependent(seq2seq):
     model, params, src, eos, _ = seq2seq
-    kwargs = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, temperature=2.0)
-    first = sample_decode(model, params, src, rng=jax.random.key(7), **kwargs)
-    again = sample_decode(model, params, src, rng=jax.random.key(7), **kwargs)
-    other = sample_decode(model, params, src, rng=jax.random.key(8), **kwargs)
+    kwargs = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos)
+    first = generate(model, params, src, Sample(temperature=2.0), rng=jax.random.key(7), **kwargs)
+    again = generate(model, params, src, Sample(temperature=2.0), rng=jax.random.key(7), **kwargs)
+    other = generate(model, params, src, Sample(temperature=2.0), rng=jax.random.key(8), **kwargs)
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
     for row in np.asarray(first):  # pad after the first EOS, as greedy
         assert np.all(row[new_count(row, eos) :] == PAD)
 
 
-def test_top_k_one_and_tiny_top_p_are_greedy(seq2seq, lm):
+def test_top_k_one_tiny_top_p_and_zero_temperature_are_greedy(seq2seq, lm):
     model, params, src, eos, expected = seq2seq
     kwargs = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos, rng=jax.random.key(0))
-    np.testing.assert_array_equal(sample_decode(model, params, src, top_k=1, **kwargs), expected)
+    for strategy in (Sample(top_k=1), Sample(temperature=0.0)):
+        np.testing.assert_array_equal(
+            generate(model, params, src, strategy, **kwargs), expected, err_msg=str(strategy)
+        )
     model, params, prompts, eos, expected = lm
-    tokens = lm_sample_decode(
-        model, params, prompts, rng=jax.random.key(0), max_new_tokens=N_NEW, eos_id=eos,
-        top_p=1e-6, temperature=5.0,
+    tokens = generate(
+        model, params, prompts, Sample(temperature=5.0, top_p=1e-6), rng=jax.random.key(0),
+        max_new_tokens=N_NEW, eos_id=eos,
     )  # fmt: skip
     np.testing.assert_array_equal(tokens, expected)
 
@@ -264,9 +284,9 @@ def test_sampled_tokens_respect_top_k_and_top_p(lm):
     eos = CONFIG.tgt_vocab_size - 1
     lengths = (prompts != PAD).sum(1)
     for top_k, top_p in [(3, 1.0), (0, 0.5)]:
-        tokens = lm_sample_decode(
-            model, params, prompts, rng=jax.random.key(1), max_new_tokens=N_NEW, eos_id=eos,
-            temperature=3.0, top_k=top_k, top_p=top_p,
+        tokens = generate(
+            model, params, prompts, Sample(3.0, top_k, top_p), rng=jax.random.key(1),
+            max_new_tokens=N_NEW, eos_id=eos,
         )  # fmt: skip
         tokens = np.asarray(tokens)
         probs = np.asarray(
@@ -280,6 +300,47 @@ def test_sampled_tokens_respect_top_k_and_top_p(lm):
                     assert more_likely.sum() < top_k
                 else:  # the mass strictly above the sampled token is below top_p
                     assert p[more_likely].sum() < top_p
+
+
+# ------------------------------------------------------------------------------- wrappers
+
+
+def test_wrappers_equal_generate(seq2seq, lm):
+    """The six historical names are one call of generate each (same compiled loops as above)."""
+    model, params, src, eos, _ = seq2seq
+    common = dict(max_new_tokens=N_NEW, bos_id=BOS, eos_id=eos)
+    key = jax.random.key(7)
+    pairs = [
+        (greedy_decode(model, params, src, **common), generate(model, params, src, **common)),
+        (
+            sample_decode(model, params, src, rng=key, temperature=2.0, top_k=4, **common),
+            generate(model, params, src, Sample(2.0, top_k=4), rng=key, **common),
+        ),
+        (
+            beam_search(model, params, src, beam_size=1, alpha=0.5, **common),
+            generate(model, params, src, Beam(1, alpha=0.5), **common),
+        ),
+    ]
+    model, params, prompts, eos, _ = lm
+    common = dict(max_new_tokens=N_NEW, eos_id=eos)
+    lengths = (prompts != PAD).sum(1)
+    pairs += [
+        (
+            lm_greedy_decode(model, params, prompts, lengths, **common),
+            generate(model, params, prompts, Greedy(), lengths=lengths, **common),
+        ),
+        (
+            lm_sample_decode(model, params, prompts, rng=key, top_p=0.5, **common),
+            generate(model, params, prompts, Sample(top_p=0.5), rng=key, **common),
+        ),
+        (
+            lm_beam_search(model, params, prompts, beam_size=3, **common),
+            generate(model, params, prompts, Beam(3), **common),
+        ),
+    ]
+    for wrapped, direct in pairs:
+        for a, b in zip(jax.tree.leaves(wrapped), jax.tree.leaves(direct), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -301,17 +362,34 @@ def test_bad_arguments_give_clear_errors(seq2seq, lm):
         greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=2, src_mask=bad_mask)
     with pytest.raises(ValueError, match="eos_id"):
         greedy_decode(model, params, src, max_new_tokens=4, bos_id=1, eos_id=99)
-    with pytest.raises(ValueError, match="TransformerLM"):
+    with pytest.raises(ValueError, match="needs bos_id"):  # an LM function given a seq2seq model
         lm_greedy_decode(model, params, src, max_new_tokens=4, eos_id=2)
+    with pytest.raises(ValueError, match="lengths is for an LM"):
+        generate(model, params, src, lengths=[3] * 4, max_new_tokens=4, bos_id=1, eos_id=2)
     with pytest.raises(ValueError, match="top_p"):
         sample_decode(model, params, src, rng=jax.random.key(0), max_new_tokens=4, bos_id=1,
                       eos_id=2, top_p=0.0)  # fmt: skip
-    with pytest.raises(ValueError, match="beam_size"):
+    with pytest.raises(ValueError, match="Sample needs rng"):
+        generate(model, params, src, Sample(), max_new_tokens=4, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="Beam size"):
         beam_search(model, params, src, beam_size=0, max_new_tokens=4, bos_id=1, eos_id=2)
+    with pytest.raises(TypeError, match="strategy must be"):
+        generate(model, params, src, "beam", max_new_tokens=4, bos_id=1, eos_id=2)
+    for bad, message in [
+        (lambda: Sample(temperature=-1.0), "temperature"),
+        (lambda: Sample(top_k=1.5), "top_k"),
+        (lambda: Sample(top_p=1.5), "top_p"),
+        (lambda: Beam(2, alpha=-0.1), "alpha"),
+        (lambda: Beam(True), "Beam size"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            bad()
     model, params, prompts, eos, _ = lm
     with pytest.raises(ValueError, match="exceeds the model's max_len"):
         lm_greedy_decode(model, params, prompts, max_new_tokens=CONFIG.max_len, eos_id=2)
     with pytest.raises(ValueError, match="every prompt needs"):
         lm_greedy_decode(model, params, np.zeros((2, 3), int), max_new_tokens=4, eos_id=2)
-    with pytest.raises(ValueError, match="seq2seq"):
+    with pytest.raises(ValueError, match="bos_id is for a seq2seq"):  # seq2seq call, LM model
         greedy_decode(model, params, prompts, max_new_tokens=4, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="src_mask is for a seq2seq"):
+        generate(model, params, prompts, src_mask=prompts != PAD, max_new_tokens=4, eos_id=2)

@@ -1,18 +1,22 @@
-"""The generate command on fabricated train.py workdirs (config, tokenizer, Orbax checkpoint)."""
+"""The generate command on fabricated train.py workdirs (config, tokenizer, Orbax checkpoint).
+
+Its outputs are compared with `decoding.generate` on the batch the command decodes (the same
+padding, so the same compiled loop: no extra compilation)."""
 
 from __future__ import annotations
 
 import io
 import json
 
+import jax
 import numpy as np
 import optax
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer.decoding.cli import main
-from flax_transformer.decoding.search import greedy_decode, lm_greedy_decode
-from flax_transformer.nn.kinds import model_for
+from flax_transformer.decoding import Greedy, generate
+from flax_transformer.decoding.cli import BUCKET, main
+from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import load_run
 from flax_transformer.training.state import create_train_state
@@ -32,7 +36,13 @@ def fabricate_run(workdir, kind: str, checkpoint: bool = True):
     (workdir / "run.json").write_text(json.dumps({"model": kind, "tokenizer": "byte"}))
     ByteTokenizer().save(workdir / "tokenizer.json")
     if checkpoint:
-        state = create_train_state(model_for(CONFIG, kind), optax.sgd(0.1), seed=0)
+        model = model_for(CONFIG, kind)
+        rng = np.random.default_rng(0)  # random weights without compiling an init
+        params = jax.tree.map(
+            lambda s: rng.normal(0.0, 0.3, s.shape).astype(s.dtype),
+            abstract_variables(model)["params"],
+        )
+        state = create_train_state(model, optax.sgd(0.1), seed=0, params=params)
         checkpointer = Checkpointer(workdir / "checkpoints")
         checkpointer.save(state)
         checkpointer.close()
@@ -42,6 +52,20 @@ def fabricate_run(workdir, kind: str, checkpoint: bool = True):
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
     return fabricate_run(tmp_path_factory.mktemp("runs") / "seq2seq", "transformer")
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    return fabricate_run(tmp_path_factory.mktemp("runs") / "lm", "lm")
+
+
+def padded(rows: list[list[int]]) -> np.ndarray:
+    """Rows right-padded with pad (0) to one BUCKET: the batch the command decodes."""
+    assert max(map(len, rows)) <= BUCKET
+    tokens = np.zeros((len(rows), BUCKET), np.int32)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = row
+    return tokens
 
 
 def run_cli(args, stdin_text, monkeypatch, capsys):
@@ -57,7 +81,7 @@ def expected_text(tokens) -> str:
     return ByteTokenizer().decode(ids).replace("\r", "\\r").replace("\n", "\\n")
 
 
-def test_greedy_translation_matches_greedy_decode(seq2seq_run, monkeypatch, capsys):
+def test_greedy_translation_matches_generate(seq2seq_run, monkeypatch, capsys):
     lines = ["hello", "abc", "a longer line"]
     code, out, err = run_cli(
         ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW)],
@@ -67,10 +91,11 @@ def test_greedy_translation_matches_greedy_decode(seq2seq_run, monkeypatch, caps
     )
     assert code == 0 and err == ""
     run, tok = load_run(seq2seq_run), ByteTokenizer()
-    for line, got in zip(lines, out, strict=True):
-        src = np.array([tok.encode(line) + [tok.eos_id]])
-        tokens = greedy_decode(run.model, run.params, src, max_new_tokens=N_NEW, bos_id=1, eos_id=2)
-        assert got == expected_text(tokens[0])
+    src = padded([tok.encode(line) + [tok.eos_id] for line in lines])
+    tokens = generate(
+        run.model, run.params, src, Greedy(), max_new_tokens=N_NEW, bos_id=1, eos_id=2
+    )
+    assert out == [expected_text(row) for row in tokens]
 
 
 @pytest.mark.slow
@@ -115,22 +140,21 @@ def test_bad_workdirs_and_flags(tmp_path, monkeypatch, capsys):
     assert "--sample" in capsys.readouterr().err
 
 
-def test_lm_run_continues_prompts(tmp_path, monkeypatch, capsys):
-    workdir = fabricate_run(tmp_path / "lm", "lm")
+def test_lm_run_continues_prompts(lm_run, monkeypatch, capsys):
+    prompts = ["ab", "hello there"]
     code, out, err = run_cli(
-        ["--workdir", str(workdir), "--max-new-tokens", str(N_NEW), "--echo"],
-        "ab\nhello there\n",
+        ["--workdir", str(lm_run), "--max-new-tokens", str(N_NEW), "--echo"],
+        "\n".join(prompts) + "\n",
         monkeypatch,
         capsys,
     )
     assert code == 0, err
-    run, tok = load_run(workdir), ByteTokenizer()
-    for prompt, got in zip(["ab", "hello there"], out, strict=True):
-        ids = np.array([[tok.bos_id] + tok.encode(prompt)])
-        tokens = lm_greedy_decode(run.model, run.params, ids, max_new_tokens=N_NEW, eos_id=2)
-        assert got == prompt + expected_text(tokens[0])
+    run, tok = load_run(lm_run), ByteTokenizer()
+    ids = padded([[tok.bos_id] + tok.encode(prompt) for prompt in prompts])  # ragged prompts
+    tokens = generate(run.model, run.params, ids, Greedy(), max_new_tokens=N_NEW, eos_id=2)
+    assert out == [prompt + expected_text(row) for prompt, row in zip(prompts, tokens, strict=True)]
     code, _, err = run_cli(
-        ["--workdir", str(workdir), "--max-new-tokens", str(N_NEW)], "y" * 20 + "\n",
+        ["--workdir", str(lm_run), "--max-new-tokens", str(N_NEW)], "y" * 20 + "\n",
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 1 and "line 1" in err and "allows at most 19" in err

@@ -1,1 +1,30 @@
-"""Autoregressive decoding: KV-cached greedy, sampling and beam search; the generate CLI."""
+"""Autoregressive decoding: one entry point, `generate`, for both kinds of model.
+
+- `strategies`: `Greedy()`, `Sample(temperature, top_k, top_p)`, `Beam(size, alpha)`.
+- `api`: `generate(model, variables, inputs, strategy, ...)` and the historical one-call
+  wrappers (`greedy_decode`, `sample_decode`, `beam_search`, `lm_*`).
+- `inputs`: prompts and sources, checked; `cache`: the KV cache (`init_cache`) and the steppers;
+  `sampling`: the greedy / sampling loop; `beam`: beam search; `cli`: the generate command.
+"""
+
+from flax_transformer.lazy import lazy_exports
+
+_API = "flax_transformer.decoding.api"
+_STRATEGIES = "flax_transformer.decoding.strategies"
+_EXPORTS = {
+    "generate": _API,
+    "greedy_decode": _API,
+    "sample_decode": _API,
+    "beam_search": _API,
+    "lm_greedy_decode": _API,
+    "lm_sample_decode": _API,
+    "lm_beam_search": _API,
+    "Greedy": _STRATEGIES,
+    "Sample": _STRATEGIES,
+    "Beam": _STRATEGIES,
+    "Strategy": _STRATEGIES,
+    "init_cache": "flax_transformer.decoding.cache",
+    "length_penalty": "flax_transformer.decoding.beam",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

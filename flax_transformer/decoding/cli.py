@@ -62,7 +62,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sampling_flags = args.temperature != 1.0 or args.top_k != 0 or args.top_p != 1.0
     if sampling_flags and not args.sample:
         parser.error("--temperature/--top-k/--top-p need --sample")
+    try:
+        args.strategy = strategy_of(args)
+    except ValueError as err:
+        parser.error(str(err))
     return args
+
+
+def strategy_of(args: argparse.Namespace):
+    """The decoding strategy the flags ask for: Greedy, Beam(--beam, --alpha) or Sample."""
+    from flax_transformer.decoding.strategies import Beam, Greedy, Sample
+
+    if args.beam:
+        return Beam(args.beam, args.alpha)
+    if args.sample:
+        return Sample(args.temperature, args.top_k, args.top_p)
+    return Greedy()
 
 
 def read_lines(path: Path | None) -> list[str]:
@@ -109,61 +124,28 @@ class Generator:
     # ---- tokens -> tokens
     def decode_batch(self, rows: list[list[int]], batch_index: int) -> np.ndarray:
         """Right-padded rows -> new tokens (len(rows), max_new_tokens)."""
-        import flax_transformer.decoding.search as decode
+        from flax_transformer.decoding.api import generate
+        from flax_transformer.decoding.strategies import Beam, Sample
 
         width = min(-(-max(map(len, rows)) // BUCKET) * BUCKET, self.max_len)
         tokens = np.full((len(rows), width), self.config.pad_id, np.int32)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = row
-        args, tok, params = self.args, self.tokenizer, self.run.params
+        strategy, max_new = self.args.strategy, self.args.max_new_tokens
         if self.is_lm:
             lengths = np.array([len(r) for r in rows], np.int32)
-            n_new = args.max_new_tokens or self.max_len - int(lengths.max()) + 1
-            common = dict(max_new_tokens=n_new, eos_id=tok.eos_id)
-            if args.beam:
-                out, _ = decode.lm_beam_search(
-                    self.model, params, tokens, lengths, beam_size=args.beam, alpha=args.alpha,
-                    **common,
-                )  # fmt: skip
-                return np.asarray(out[:, 0])
-            if args.sample:
-                return np.asarray(
-                    decode.lm_sample_decode(
-                        self.model,
-                        params,
-                        tokens,
-                        lengths,
-                        rng=self._key(batch_index),
-                        temperature=args.temperature,
-                        top_k=args.top_k,
-                        top_p=args.top_p,
-                        **common,
-                    )  # fmt: skip
-                )
-            return np.asarray(
-                decode.lm_greedy_decode(self.model, params, tokens, lengths, **common)
-            )
-        n_new = args.max_new_tokens or self.max_len
-        common = dict(max_new_tokens=n_new, bos_id=tok.bos_id, eos_id=tok.eos_id)
-        if args.beam:
-            out, _ = decode.beam_search(
-                self.model, params, tokens, beam_size=args.beam, alpha=args.alpha, **common
-            )
-            return np.asarray(out[:, 0])
-        if args.sample:
-            return np.asarray(
-                decode.sample_decode(
-                    self.model,
-                    params,
-                    tokens,
-                    rng=self._key(batch_index),
-                    temperature=args.temperature,
-                    top_k=args.top_k,
-                    top_p=args.top_p,
-                    **common,
-                )  # fmt: skip
-            )
-        return np.asarray(decode.greedy_decode(self.model, params, tokens, **common))
+            room = self.max_len - int(lengths.max()) + 1  # the longest prompt's room
+            kind = dict(lengths=lengths, max_new_tokens=max_new or room)
+        else:
+            kind = dict(bos_id=self.tokenizer.bos_id, max_new_tokens=max_new or self.max_len)
+        rng = self._key(batch_index) if isinstance(strategy, Sample) else None
+        out = generate(
+            self.model, self.run.params, tokens, strategy, eos_id=self.tokenizer.eos_id, rng=rng,
+            **kind,
+        )  # fmt: skip
+        if isinstance(strategy, Beam):
+            out = out[0][:, 0]  # the best beam
+        return np.asarray(out)
 
     def _key(self, batch_index: int):
         import jax

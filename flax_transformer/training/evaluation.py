@@ -49,19 +49,18 @@ def evaluate_decoding(
     """Greedy-decode every source of a seq2seq `dataset` and score it against its target."""
     import sacrebleu
 
-    from flax_transformer.decoding.search import (
-        greedy_decode,  # jitted inside, one compilation per bucket length
-    )
+    from flax_transformer.decoding import Greedy, generate  # one compilation per bucket length
 
     variables = {"params": params}
     sources, references, hypotheses = [], [], []
     for indices, batch in eval_batches(dataset, batch_size, max_len, tokenizer.pad_id):
         length = batch["src"].shape[1]
         # A bucket holds its targets plus EOS, so its length is enough new tokens.
-        out = greedy_decode(
+        out = generate(
             model,
             variables,
             jnp.asarray(batch["src"]),
+            Greedy(),
             max_new_tokens=min(length, max_len),
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,

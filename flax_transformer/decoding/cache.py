@@ -1,0 +1,150 @@
+"""The KV cache and the steppers: "tokens so far" -> next-token logits, cached or recomputed.
+
+With the cache (the default) the decoder's self-attention keys/values are cached per layer and
+the cross-attention keys/values of the encoder output are computed once (see
+MultiHeadAttention). Without it (`use_cache=False`: the reference the tests and the decoding
+benchmark compare against) every step reruns the decoder over the whole fixed-size token
+buffer: static shapes under jit, causal mask.
+
+A stepper's `start(prefix (B, m))` returns the logits after the prefix (B, V) and a state;
+`feed(state, token (B,), pos)` returns the logits after `token`, which sits at position `pos`.
+Every array in a state has the batch first (scalars excepted), so beam search can tile and
+reorder it leaf by leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import struct
+
+from flax_transformer.decoding.inputs import Source
+from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.nn.kinds import is_lm
+
+
+def init_cache(
+    model: nn.Module, batch_size: int, cache_len: int, *, src_len: int | None = None
+) -> dict:
+    """A zeroed `cache` collection for `batch_size` sequences of up to `cache_len` tokens.
+
+    Built from the shapes of `model.init(..., decode=True)` (jax.eval_shape: no param is
+    initialised, nothing runs). A seq2seq model needs `src_len` to size the cross-attention
+    keys/values; the first decode call with the encoder output fills them.
+    """
+    cfg = model.config
+    if cache_len > cfg.max_len:
+        raise ValueError(f"cache_len {cache_len} is longer than the model's max_len {cfg.max_len}")
+    tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)
+    key = jax.random.key(0)
+    if is_lm(model):
+        shapes = jax.eval_shape(lambda t: model.init(key, t, decode=True), tokens)
+    else:
+        if src_len is None:
+            raise ValueError("init_cache for a seq2seq Transformer needs src_len")
+        encoded = jax.ShapeDtypeStruct((batch_size, src_len, cfg.d_model), jnp.dtype(cfg.dtype))
+        shapes = jax.eval_shape(
+            lambda e, t: model.init(key, e, t, decode=True, method="decode"), encoded, tokens
+        )
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepper:
+    start: Callable[[jax.Array], tuple[jax.Array, Any]]
+    feed: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
+@struct.dataclass
+class CachedState:
+    cache: dict  # the `cache` collection, leaves (B, ...) and scalar indices
+    src_mask: jax.Array | None  # (B, 1, 1, S) for a seq2seq model, else None
+
+
+@struct.dataclass
+class BufferState:
+    buffer: jax.Array  # (B, cache_len) every token so far, zeros after them
+    encoded: jax.Array | None  # (B, S, d_model) the encoder output, None for an LM
+    src_mask: jax.Array | None  # (B, 1, 1, S), None for an LM
+
+
+def make_stepper(model, variables, source: Source | None, cache_len: int, use_cache: bool):
+    make = cached_stepper if use_cache else uncached_stepper
+    return make(model, variables, source, cache_len)
+
+
+def cached_stepper(model, variables, source: Source | None, cache_len: int) -> Stepper:
+    with_cache = lambda cache: {**variables, "cache": cache}  # noqa: E731
+
+    def apply(state: CachedState, encoded, tokens):  # tokens (B, n) -> logits (B, V), state
+        if source is None:  # an LM
+            logits, new = model.apply(
+                with_cache(state.cache), tokens, decode=True, mutable=["cache"]
+            )
+        else:  # encoded is None after the first call: cross-attention keys/values are cached
+            logits, new = model.apply(
+                with_cache(state.cache),
+                encoded,
+                tokens,
+                src_mask=state.src_mask,
+                decode=True,
+                method="decode",
+                mutable=["cache"],
+            )
+        return logits[:, -1], state.replace(cache=new["cache"])
+
+    def start(prefix):
+        batch = prefix.shape[0]
+        if source is None:
+            return apply(CachedState(init_cache(model, batch, cache_len), None), None, prefix)
+        encoded = model.apply(variables, source.tokens, src_mask=source.mask, method="encode")
+        cache = init_cache(model, batch, cache_len, src_len=source.tokens.shape[1])
+        return apply(CachedState(cache, source.mask), encoded, prefix)
+
+    def feed(state, token, pos):
+        del pos  # the cache index knows it
+        return apply(state, None, token[:, None])
+
+    return Stepper(start, feed)
+
+
+def uncached_stepper(model, variables, source: Source | None, cache_len: int) -> Stepper:
+    """Recomputes the decoder over the whole (B, cache_len) buffer for every token."""
+    causal = make_causal_mask(cache_len)  # pads past `pos` are hidden by causality alone
+
+    def logits_at(state: BufferState, pos):  # -> (B, V) the logits after position pos
+        if source is None:
+            logits = model.apply(variables, state.buffer, mask=causal)
+        else:
+            logits = model.apply(
+                variables,
+                state.encoded,
+                state.buffer,
+                src_mask=state.src_mask,
+                tgt_mask=causal,
+                method="decode",
+            )
+        return jax.lax.dynamic_index_in_dim(logits, pos, axis=1, keepdims=False)
+
+    def start(prefix):
+        batch, m = prefix.shape
+        buffer = jnp.zeros((batch, cache_len), jnp.int32).at[:, :m].set(prefix)
+        state = BufferState(buffer, None, None)
+        if source is not None:
+            encoded = model.apply(variables, source.tokens, src_mask=source.mask, method="encode")
+            state = BufferState(buffer, encoded, source.mask)
+        return logits_at(state, m - 1), state
+
+    def feed(state, token, pos):
+        buffer = jax.lax.dynamic_update_slice(
+            state.buffer, token[:, None].astype(jnp.int32), (0, pos)
+        )
+        state = state.replace(buffer=buffer)
+        return logits_at(state, pos), state
+
+    return Stepper(start, feed)
