@@ -13,7 +13,7 @@ from flax_transformer.spec.numerics import assert_close
 from .helpers import small_config, to_numpy
 
 PROPERTY_SETTINGS = settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 

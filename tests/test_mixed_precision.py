@@ -10,6 +10,7 @@ LOGITS_RTOL = 3e-2, GRADS_RTOL = 1e-1 and a cosine >= 0.998.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import jax
@@ -18,6 +19,7 @@ import numpy as np
 import optax
 import pytest
 
+from flax_transformer.nn.kinds import init_variables
 from flax_transformer.nn.model import Transformer
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.numerics import error_stats
@@ -50,18 +52,30 @@ def setup():
     tgt[1, -4:] = 0
     batch = {"src": jnp.asarray(src), "tgt_in": jnp.asarray(tgt[:, :-1])}
     batch["tgt_out"] = jnp.asarray(tgt[:, 1:])
-    params = Transformer(BF16).init(jax.random.key(0), batch["src"], batch["tgt_in"])["params"]
-    return params, batch
+    params = jax.jit(init_variables, static_argnums=0)(Transformer(BF16), jax.random.key(0))
+    return params["params"], batch
+
+
+# Jitted once per config (eager bf16 op-by-op dispatch on CPU is far slower than compiling).
+@functools.cache
+def _logits_fn(cfg):
+    return jax.jit(
+        lambda params, src, tgt_in: Transformer(cfg).apply({"params": params}, src, tgt_in)
+    )
+
+
+@functools.cache
+def _grads_fn(cfg):
+    loss = lambda p, batch: loss_fn(p, batch, model=Transformer(cfg), label_smoothing=0.1)[0]  # noqa: E731
+    return jax.jit(jax.grad(loss))
 
 
 def logits(cfg, params, batch):
-    return Transformer(cfg).apply({"params": params}, batch["src"], batch["tgt_in"])
+    return _logits_fn(cfg)(params, batch["src"], batch["tgt_in"])
 
 
 def grads(cfg, params, batch):
-    return jax.grad(lambda p: loss_fn(p, batch, model=Transformer(cfg), label_smoothing=0.1)[0])(
-        params
-    )
+    return _grads_fn(cfg)(params, batch)
 
 
 def test_params_stay_float32_and_compute_is_bf16(setup):
@@ -109,7 +123,8 @@ def test_softmax_and_layernorm_statistics_run_in_float32(setup):
     """In the bf16 forward, the matmuls are bf16 while every exp (softmax), max, sum (softmax
     denominators, LayerNorm mean/variance) and rsqrt (LayerNorm) is float32."""
     params, batch = setup
-    jaxpr = jax.make_jaxpr(lambda p: logits(BF16, p, batch))(params).jaxpr
+    apply = lambda p: Transformer(BF16).apply({"params": p}, batch["src"], batch["tgt_in"])  # noqa: E731
+    jaxpr = jax.make_jaxpr(apply)(params).jaxpr
     counts = _op_dtypes(jaxpr)
     assert counts[("dot_general", "bfloat16")] > 0
     assert counts[("dot_general", "float32")] == 0
