@@ -3,6 +3,7 @@
     python -m bench.train_throughput --json OUT.json [--quick] [--steps N] [--rounds R]
         [--preset tiny|small|reference|paper_base] [--d-model D] [--heads H] [--layers L]
         [--d-ff F] [--vocab V] [--max-len M] [--batch B] [--src-len S] [--tgt-len T]
+        [--variants flax,torch_eager,...] [--skip-compile]
 
 The model is a preset of flax_transformer.spec.presets (default `reference`: d_model 256,
 4 heads, 3+3 layers, d_ff 1024, vocab 1000), with any size flag overriding it; the batch is
@@ -266,16 +267,18 @@ def run(args: argparse.Namespace) -> dict:
         ("flax_remat", lambda: flax_variant("flax_remat", cfg.replace(remat=True), batch)),
         ("torch_eager", lambda: torch_reference_variant("torch_eager", cfg, batch, False)),
         ("nn_transformer_eager", lambda: nn_transformer_variant(cfg, batch)),
+        ("torch_compile", lambda: torch_reference_variant("torch_compile", cfg, batch, True)),
     ]
-    if args.skip_compile or args.quick:
+    builders = [b for b in builders if b[0] in args.variants]
+    if "torch_compile" not in args.variants:
+        result["torch_compile_error"] = "skipped (not in --variants)"
+    elif args.skip_compile or args.quick:
         result["torch_compile_error"] = "skipped (--skip-compile or --quick)"
-    else:
-        builders.append(
-            ("torch_compile", lambda: torch_reference_variant("torch_compile", cfg, batch, True))
-        )
+        builders = [b for b in builders if b[0] != "torch_compile"]
     if cfg.dtype != "float32":
         # The torch twins train in float32 here; a bf16 run compares Flax with itself only.
         builders = [b for b in builders if b[0].startswith("flax")]
+    result["variants"] = [name for name, _ in builders]
 
     variants: list[Variant] = []
     memory: dict[str, dict] = {}
@@ -357,6 +360,8 @@ def format_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+VARIANTS = ("flax", "flax_remat", "torch_eager", "nn_transformer_eager", "torch_compile")
+
 # Size flags -> TransformerConfig fields they set (--layers and --vocab set two each).
 SIZE_FLAGS = {
     "d_model": ("d_model",),
@@ -397,6 +402,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--dropout", type=float, default=DROPOUT, help="dropout rate, whatever the preset's"
     )
     size.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=list(VARIANTS),
+        help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)",
+    )
     parser.add_argument("--skip-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument(
         "--compile-timeout", type=int, default=900, help="seconds allowed for torch.compile"
@@ -410,6 +421,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("steps", "rounds", "batch", "src_len", "tgt_len", *SIZE_FLAGS):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown or not args.variants:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step compiles)")
     if not 0.0 <= args.dropout < 1.0:

@@ -91,9 +91,22 @@ def test_a_preset_with_overrides():
     assert (args.config.max_len, args.src_len, args.tgt_len) == (256, 256, 200)
 
 
+def test_variants_pick_what_is_timed(tmp_path):
+    assert tt.parse_args([]).variants == list(tt.VARIANTS)
+    assert tt.parse_args(["--variants", "flax,torch_eager"]).variants == ["flax", "torch_eager"]
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--variants", "torch_eager", "--steps", "1", "--rounds", "1"]
+    assert tt.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["variants"] == list(result["step_ms"]) == ["torch_eager"]
+    assert result["torch_compile_error"] == "skipped (not in --variants)"
+    assert "flax_tok_s" not in result and "flax_mfu" not in result
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--variants", "flax,jax"], "--variants: unknown jax"),
         (["--src-len", "129"], "--src-len 129 exceeds max_len 128"),
         (["--quick", "--tgt-len", "17"], "--tgt-len 17 exceeds max_len 16"),
         (["--max-len", "32"], "--src-len 64 exceeds max_len 32"),
