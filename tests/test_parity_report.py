@@ -277,8 +277,8 @@ def test_nan_and_missing_tensors_in_the_report():
 
 def test_fused_torch_attention_leaves_weights_missing_not_failed():
     state = torch_weights("lm")
-    flax_model, params, torch_model = models("lm", state)
-    torch_reference.set_fused_attention(torch_model, True)
+    fused = CONFIG.replace(attention_impl="fused")  # the torch twin then returns no weights
+    flax_model, params, torch_model = models("lm", state, torch_config=fused)
     report = compare_models(flax_model, params, torch_model, batch_for("lm"))
     assert report.ok, report.format_table()
     assert report["decoder.layers.0.self_attn.attention_weights"].status == "missing"

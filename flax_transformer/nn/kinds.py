@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -37,8 +38,14 @@ def dummy_inputs(kind: str) -> tuple[jax.Array, ...]:
 
 
 def init_variables(model, key: jax.Array, **kwargs) -> dict[str, Any]:
-    """model.init on dummy inputs (kwargs go to the model call, e.g. decode=True)."""
-    return model.init(key, *dummy_inputs(kind_of(model)), **kwargs)
+    """model.init on dummy inputs (kwargs go to the model call, e.g. decode=True).
+
+    Jitted: one compilation is cheaper on CPU than dispatching every init op eagerly. A fresh
+    jit per call on purpose: a cached trace would ignore Python context such as
+    `nn.layers.boxed_param_axes()`.
+    """
+    init = functools.partial(model.init, **kwargs)
+    return jax.jit(init)(key, *dummy_inputs(kind_of(model)))
 
 
 def abstract_variables(model, **kwargs) -> dict[str, Any]:

@@ -24,7 +24,14 @@ from flax_transformer.spec.kinds import CLASS_NAMES, MODEL_KINDS, SEQ2SEQ
 RUN_DTYPES = ("float32", "float64")
 # Fields that do not change the function computed in a deterministic forward pass (dtype is set
 # by the run), so two configs differing only in them describe the same model.
-RUNTIME_FIELDS = ("dtype", "param_dtype", "dropout_rate", "attention_dropout_rate", "remat")
+RUNTIME_FIELDS = (
+    "dtype",
+    "param_dtype",
+    "dropout_rate",
+    "attention_dropout_rate",
+    "remat",
+    "attention_impl",
+)
 
 
 # ----------------------------------------------------------------------------- API
