@@ -78,24 +78,79 @@ def loss_fn(
     return loss_sum / jnp.maximum(count, 1.0), aux
 
 
+def summed_loss(params, batch, dropout_rng=None, **kwargs):
+    """(sum of the loss over real target tokens, aux): micro-batch gradients add up."""
+    _, aux = loss_fn(params, batch, dropout_rng, **kwargs)
+    return aux["loss_sum"], aux
+
+
+def split_micro_batches(x, count: int):
+    """(batch, ...) -> (count, batch / count, ...): micro-batch m holds rows m, m + count, ...
+
+    Strided rows keep each device's rows on it when the batch is sharded over `data`.
+    """
+    if x.shape[0] % count:
+        raise ValueError(f"a batch of {x.shape[0]} rows does not split into {count} micro-batches")
+    return jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1)
+
+
 # ----------------------------------------------------------------------------- steps
-def make_train_step(model, optimizer, label_smoothing: float = 0.0) -> Callable:
+def make_train_step(
+    model, optimizer, label_smoothing: float = 0.0, grad_accum: int = 1
+) -> Callable:
     """step(state, batch) -> (state, metrics); pure, for jax.jit(step, donate_argnums=0).
 
     metrics: loss_sum, token_count, correct (sums over the batch), grad_norm (before clipping).
+    With `grad_accum` N > 1 the batch is cut into N micro-batches (rows m, m+N, m+2N, ...),
+    their gradients of the *summed* loss are added up in a `lax.scan` (one micro-batch's
+    activations alive at a time) and divided by the batch's token count: one optimizer update
+    with the token-weighted mean gradient of the whole batch, as if it had run in one piece.
     """
+    if grad_accum < 1:
+        raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
+    grad_fn = jax.grad(loss_fn, has_aux=True)
 
-    def train_step(state: TrainState, batch):
-        dropout_rng = jax.random.fold_in(state.rng, state.step)
-        grad_fn = jax.grad(loss_fn, has_aux=True)
-        grads, aux = grad_fn(
-            state.params,
+    def whole_batch(params, batch, dropout_rng):
+        return grad_fn(
+            params,
             batch,
             dropout_rng,
             model=model,
             label_smoothing=label_smoothing,
             deterministic=False,
         )
+
+    def micro_grads(params, micro_batch, dropout_rng):
+        """(gradient of the micro-batch's summed loss, its sums)."""
+        return jax.grad(summed_loss, has_aux=True)(
+            params,
+            micro_batch,
+            dropout_rng,
+            model=model,
+            label_smoothing=label_smoothing,
+            deterministic=False,
+        )
+
+    def accumulated(params, batch, dropout_rng):
+        micro = jax.tree.map(lambda x: split_micro_batches(x, grad_accum), dict(batch))
+
+        def add(total, xs):
+            index, micro_batch = xs
+            rng = jax.random.fold_in(dropout_rng, index)  # each micro-batch its own dropout
+            return jax.tree.map(jnp.add, total, micro_grads(params, micro_batch, rng)), None
+
+        first = jax.tree.map(lambda x: x[0], micro)
+        shapes = jax.eval_shape(micro_grads, params, first, dropout_rng)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        (grads, aux), _ = jax.lax.scan(add, zeros, (jnp.arange(grad_accum), micro))
+        count = jnp.maximum(aux["token_count"], 1.0)
+        return jax.tree.map(lambda g: (g / count).astype(g.dtype), grads), aux
+
+    compute_grads = whole_batch if grad_accum == 1 else accumulated
+
+    def train_step(state: TrainState, batch):
+        dropout_rng = jax.random.fold_in(state.rng, state.step)
+        grads, aux = compute_grads(state.params, batch, dropout_rng)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(aux, grad_norm=optax.tree.norm(grads))
