@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer.decoding import Greedy, generate
+from flax_transformer.decoding import Beam, Greedy, Sample, generate
 from flax_transformer.decoding.cli import BUCKET, main
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.training.checkpoint import Checkpointer
@@ -27,6 +27,7 @@ CONFIG = TransformerConfig(
     num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, max_len=24,
 )  # fmt: skip
 N_NEW = 6
+LINES = ["hello", "abc", "a longer line"]  # every test decodes 3 lines: one compiled loop each
 
 
 def fabricate_run(workdir, kind: str, checkpoint: bool = True):
@@ -81,49 +82,57 @@ def expected_text(tokens) -> str:
     return ByteTokenizer().decode(ids).replace("\r", "\\r").replace("\n", "\\n")
 
 
+def source_batch() -> np.ndarray:
+    tok = ByteTokenizer()
+    return padded([tok.encode(line) + [tok.eos_id] for line in LINES])
+
+
 def test_greedy_translation_matches_generate(seq2seq_run, monkeypatch, capsys):
-    lines = ["hello", "abc", "a longer line"]
     code, out, err = run_cli(
         ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW)],
-        "\n".join(lines) + "\n",
+        "\n".join(LINES) + "\n",
         monkeypatch,
         capsys,
     )
     assert code == 0 and err == ""
-    run, tok = load_run(seq2seq_run), ByteTokenizer()
-    src = padded([tok.encode(line) + [tok.eos_id] for line in lines])
+    run = load_run(seq2seq_run)
     tokens = generate(
-        run.model, run.params, src, Greedy(), max_new_tokens=N_NEW, bos_id=1, eos_id=2
+        run.model, run.params, source_batch(), Greedy(), max_new_tokens=N_NEW, bos_id=1, eos_id=2
     )
     assert out == [expected_text(row) for row in tokens]
 
 
 @pytest.mark.slow
 def test_beam_and_sampling_options(seq2seq_run, monkeypatch, capsys, tmp_path):
-    text = "hello\nabc\n"
+    text = "\n".join(LINES) + "\n"
     base = ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW)]
     greedy = run_cli(base, text, monkeypatch, capsys)
     beam_one = run_cli(base + ["--beam", "1", "--alpha", "0"], text, monkeypatch, capsys)
     assert beam_one == greedy  # beam 1 is greedy
+    run, common = load_run(seq2seq_run), dict(max_new_tokens=N_NEW, bos_id=1, eos_id=2)
     code, out, _ = run_cli(base + ["--beam", "3"], text, monkeypatch, capsys)
-    assert code == 0 and len(out) == 2
+    best, _ = generate(run.model, run.params, source_batch(), Beam(3), **common)
+    assert code == 0 and out == [expected_text(row) for row in best[:, 0]]
     (tmp_path / "in.txt").write_text(text)
     sample = base + ["--sample", "--temperature", "1.5", "--top-k", "20", "--seed", "3"]
     first = run_cli(sample + ["--input", str(tmp_path / "in.txt")], "", monkeypatch, capsys)
     again = run_cli(sample, text, monkeypatch, capsys)
     assert first == again and first[0] == 0  # same seed, same output
+    key = jax.random.fold_in(jax.random.key(3), 0)  # the command's key for its first batch
+    tokens = generate(run.model, run.params, source_batch(), Sample(1.5, 20), rng=key, **common)
+    assert first[1] == [expected_text(row) for row in tokens]
 
 
 def test_bad_lines_are_reported_and_keep_alignment(seq2seq_run, monkeypatch, capsys):
     too_long = "x" * CONFIG.max_len  # + EOS: one token over max_len
     code, out, err = run_cli(
         ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW)],
-        f"abc\n\n{too_long}\nabc\n",
+        f"abc\n\n{too_long}\nabc\nhello\n",  # 3 good lines: the greedy loop compiled above
         monkeypatch,
         capsys,
     )
     assert code == 1
-    assert len(out) == 4 and out[1] == "" and out[2] == "" and out[0] == out[3]
+    assert len(out) == 5 and out[1] == "" and out[2] == "" and out[0] == out[3]
     assert "line 2: empty input" in err
     assert "line 3" in err and "longer than the model's max_len 24" in err
 
