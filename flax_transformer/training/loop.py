@@ -192,12 +192,15 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     return finish(job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start)
 
 
+_norm = jax.jit(optax.tree.norm)  # one program, not dozens of eager ops in each new process
+
+
 def _checked_loss(window: list, state: TrainState, step: int, checkpointer) -> float:
     """Mean train loss over the steps in `window`; a non-finite loss or params end the run."""
     loss_sum = sum(float(m["loss_sum"]) for m in window)
     count = sum(float(m["token_count"]) for m in window)
     train_loss = loss_sum / max(count, 1.0)
-    if not (math.isfinite(train_loss) and math.isfinite(float(optax.tree.norm(state.params)))):
+    if not (math.isfinite(train_loss) and math.isfinite(float(_norm(state.params)))):
         raise TrainingError(
             f"the loss became {train_loss} by step {step}; stopping without saving "
             f"(last checkpoint: step {checkpointer.latest_step()}). Try a lower --lr "
