@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from flax_transformer.interop.convert import load_safetensors
-from tests.test_sharding import FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
@@ -22,21 +21,29 @@ LR, STEPS = 2e-3, 6
 
 
 def train(workdir, *extra, devices=1):
-    # Both runs compile with XLA:CPU's cheapest code generation (most of their time).
-    xla_flags = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE])
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), XLA_FLAGS=xla_flags)
+    # Both runs inherit the session's fast-compile XLA_FLAGS (conftest.py).
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices))
     cmd = [sys.executable, str(ROOT / "train.py"), *ARGS, "--workdir", str(workdir), *extra]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
-def test_sharded_run_matches_single_device_run(tmp_path):
-    single = train(tmp_path / "single")
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("mesh") / "single"
+    single = train(workdir)
     assert single.returncode == 0, single.stderr[-2000:]
-    sharded = train(tmp_path / "sharded", "--mesh", "data=2,model=2", devices=4)
+    return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad_accum", ["1", "2"], ids=["whole-batch", "grad-accum-2"])
+def test_sharded_run_matches_single_device_run(single_run, tmp_path, grad_accum):
+    # With --grad-accum 2 each micro-batch of 4 rows is split over data=2.
+    mesh = ["--mesh", "data=2,model=2", "--grad-accum", grad_accum]
+    sharded = train(tmp_path / "sharded", *mesh, devices=4)
     assert sharded.returncode == 0, sharded.stderr[-2000:]
     assert "sharded over mesh {'data': 2, 'model': 2} of 4 devices" in sharded.stdout
-    expected, _ = load_safetensors(tmp_path / "single" / "flax_params.safetensors")
+    expected, _ = load_safetensors(single_run / "flax_params.safetensors")
     actual, _ = load_safetensors(tmp_path / "sharded" / "flax_params.safetensors")
     assert expected.keys() == actual.keys()
     for name in expected:
