@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(
         train,
         TrainOptions,
-        ("steps", "batch_size", "lr", "warmup", "schedule", "label_smoothing", "clip_norm")
-        + ("weight_decay", "seed"),
+        ("steps", "batch_size", "grad_accum", "lr", "warmup", "schedule", "label_smoothing")
+        + ("clip_norm", "weight_decay", "seed"),
     )
 
     run = p.add_argument_group("run")
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(
         run,
         TrainOptions,
-        ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize", "mesh"),
+        ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize")
+        + ("keep_best", "early_stop", "profile_steps", "mesh"),
         bleu_tokenize={
             "default": "auto",
             "choices": ("auto", *BLEU_TOKENIZERS),
@@ -175,6 +176,8 @@ def check_args(args) -> None:
         raise UsageError("--lm-valid needs --lm-text")
     if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text):
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
+    if args.keep_best == "exact_match" and args.lm_text:
+        raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if args.mesh:
         from flax_transformer.training.sharding import MeshError, make_mesh
 
@@ -398,7 +401,16 @@ def run(args, data, options, hooks, started: float) -> int:
 
 
 def print_summary(results: dict, workdir: Path) -> None:
-    early = " (stopped early by a step hook)" if results.get("stopped_early") else ""
+    early = ""
+    if results.get("stop_reason") == "early_stop":
+        best = results["best"]
+        early = (
+            f" (stopped early: {best['metric']} has not improved for "
+            f"{best['evals_since_best']} evaluations; best {best['best']:.4f} at step "
+            f"{best['best_step']}, in checkpoints_best/)"
+        )
+    elif results.get("stopped_early"):
+        early = " (stopped early by a step hook)"
     print(
         f"\ntrained {results['steps']} steps{early} in {results['wall_time_s']:.0f} s "
         f"({results['tokens_per_sec']:.0f} target tokens/s)"

@@ -3,8 +3,9 @@
     python -m flax_transformer.generate --workdir RUN [--input FILE] [--beam N | --sample ...]
 
 Reads one input per line (from --input or stdin) and writes one output line per input line to
-stdout, in order. It loads the run's config, tokenizer and latest checkpoint
-(`training.load_run`). A seq2seq run translates each line; a language-model run continues it
+stdout, in order. It loads the run's config, tokenizer and a checkpoint (`training.load_run`):
+the best one when the run kept one (train.py --keep-best), else the latest; --checkpoint
+last|best|STEP chooses. A seq2seq run translates each line; a language-model run continues it
 (the output is the continuation only; --echo prepends the prompt). Decoding is greedy by
 default, beam search with --beam N, sampling with --sample. Newlines inside a generated text are
 written as the two characters \\n so that the output stays line-aligned.
@@ -52,7 +53,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1: all)")
     parser.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
     parser.add_argument("--echo", action="store_true", help="LM runs: print prompt + output")
+    parser.add_argument(
+        "--checkpoint",
+        metavar="last|best|STEP",
+        help="which checkpoint: the latest, the best (train.py --keep-best) or a step number "
+        "(default: best when the run kept one, else last)",
+    )
     args = parser.parse_args(argv)
+    if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
+        parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
     if args.batch_size < 1:
         parser.error("--batch-size must be >= 1")
     if args.beam is not None and args.beam < 1:
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from flax_transformer.training.run import load_run
 
     try:
-        run = load_run(args.workdir)
+        run = load_run(args.workdir, args.checkpoint)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
         return 2

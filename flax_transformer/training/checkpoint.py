@@ -44,12 +44,19 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, loader_state: dict[str, int] | None = None) -> int:
+    def save(
+        self,
+        state: TrainState,
+        loader_state: dict[str, int] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
+        """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`."""
         step = int(state.step)
         meta = {
             "step": step,
             "rng": np.asarray(state.rng).tolist(),
             "loader": loader_state or {},
+            "extra": extra or {},
         }
         self.manager.save(
             step,
@@ -81,6 +88,18 @@ class Checkpointer:
             rng=jax.numpy.asarray(np.array(meta["rng"], dtype=rng_dtype)),
         )
         return state, meta["loader"]
+
+    def meta(self, step: int | None = None) -> dict[str, Any]:
+        """The meta item of `step` (default: the latest): step, rng, loader, extra."""
+        step = self.latest_step() if step is None else step
+        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return restored["meta"]
+
+    def steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def delete(self, step: int) -> None:
+        self.manager.delete(step)
 
     def restore_params(self, abstract_params: Any, step: int | None = None):
         step = self.latest_step() if step is None else step

@@ -34,7 +34,8 @@ class StepInfo:
     evaluation and checkpoint; `metrics` holds the step's device scalars "loss_sum",
     "token_count", "correct" (sums over the batch) and "grad_norm" (float() waits for the step).
     event "eval": called after each evaluation on the validation set, the final one included
-    (a STOP there changes nothing); `metrics` holds the floats "valid_loss", "token_accuracy".
+    (a STOP there changes nothing); `metrics` holds the floats "valid_loss", "token_accuracy"
+    (and, at the evaluations during a --keep-best exact_match run, "exact_match").
     """
 
     event: str

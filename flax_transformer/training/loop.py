@@ -3,8 +3,9 @@
 `run_training(job, hooks=...)` trains (or resumes) one run in `job.workdir` and returns
 results.json's content; step hooks (hooks.py) see every step and evaluation and may stop the
 run. The workdir already holds config.json, run.json and tokenizer.json (train.py writes them);
-this module adds checkpoints/, metrics.jsonl, the PNGs, results.json and the exported weights
-(flax_params.safetensors, torch_model.safetensors).
+this module adds checkpoints/ (and checkpoints_best/ with --keep-best), metrics.jsonl and the
+same metrics as TensorBoard events in tensorboard/, the PNGs, results.json, the exported weights
+(flax_params.safetensors, torch_model.safetensors) and, with --profile-steps, profile/.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
 from flax_transformer.training.evaluation import (
@@ -38,9 +40,11 @@ from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
 from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_curves
+from flax_transformer.training.profiling import StepProfiler, parse_step_range
 from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
+from flax_transformer.training.tensorboard_log import TensorBoardLog
 
 
 class TrainingError(RuntimeError):
@@ -73,12 +77,51 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 class MetricsLog:
-    def __init__(self, path: Path):
-        self.path = path
+    """metrics.jsonl, and the same records as TensorBoard scalars when `tensorboard` is given."""
+
+    def __init__(self, path: Path, tensorboard: TensorBoardLog | None = None):
+        self.path, self.tensorboard = path, tensorboard
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+
+# ----------------------------------------------------------------------------- best checkpoint
+def best_tracking(opt: TrainOptions, workdir: Path, checkpointer: Checkpointer, resumed_at: int):
+    """(BestTracker or None, Checkpointer of checkpoints_best/ or None) for --keep-best /
+    --early-stop; on resume the tracker saved with the checkpoint, and best checkpoints the
+    interrupted run wrote after it are deleted (that timeline is replayed)."""
+    if not (opt.keep_best or opt.early_stop):
+        return None, None
+    tracker = BestTracker(opt.keep_best or "valid_loss", opt.early_stop)
+    if resumed_at:
+        saved = checkpointer.meta().get("extra", {}).get("best")
+        if saved and saved["metric"] == tracker.metric:
+            tracker = BestTracker.from_json(saved, opt.early_stop)
+            print(
+                f"best {tracker.metric} so far {tracker.best:.4f} at step {tracker.best_step}, "
+                f"{tracker.evals_since_best} evaluation(s) since"
+            )
+    if not opt.keep_best:
+        return tracker, None
+    # Orbax keeps everything here; prune_best deletes what the tracker no longer needs.
+    best = Checkpointer(workdir / "checkpoints_best", keep=None)
+    for step in best.steps():
+        if step > resumed_at:
+            best.delete(step)
+    return tracker, best
+
+
+def prune_best(best: Checkpointer | None, tracker: BestTracker) -> None:
+    """After a regular save (which holds the tracker): older best checkpoints are not needed."""
+    if best is not None:
+        best.wait()  # no deleting under a save in flight
+        for step in best.steps():
+            if step < tracker.best_step:
+                best.delete(step)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -92,17 +135,27 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     checkpointer = Checkpointer(workdir / "checkpoints", keep=opt.keep_checkpoints)
     loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad)
     metrics_path = workdir / "metrics.jsonl"
+    resumed_at = 0
     if job.resume:
         abstract = jax.eval_shape(lambda: create_train_state(model, optimizer, opt.seed))
         state, loader_state = checkpointer.restore(abstract)
         loader.restore(loader_state)
-        truncate_metrics(metrics_path, int(state.step))
-        print(f"resumed from step {int(state.step)} ({checkpointer.directory})")
+        resumed_at = int(state.step)
+        truncate_metrics(metrics_path, resumed_at)
+        print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
         state = create_train_state(model, optimizer, opt.seed)
         metrics_path.write_text("")
-    log = MetricsLog(metrics_path)
-    step_fn = make_train_step(model, optimizer, opt.label_smoothing)
+    # A resumed run's events purge what the interrupted run logged after the checkpoint.
+    tensorboard = TensorBoardLog(
+        workdir / "tensorboard", purge_step=resumed_at + 1 if job.resume else None
+    )
+    log = MetricsLog(metrics_path, tensorboard)
+    tracker, best_checkpointer = best_tracking(opt, workdir, checkpointer, resumed_at)
+    profiler = StepProfiler(
+        workdir / "profile", parse_step_range(opt.profile_steps) if opt.profile_steps else None
+    )
+    step_fn = make_train_step(model, optimizer, opt.label_smoothing, opt.grad_accum)
     # With a mesh, evaluation, checkpoints and the final decoding work on a host copy of the
     # state: running other sharded programs between train steps can deadlock XLA:CPU's
     # collectives on fake devices, and a host copy is what they need anyway.
@@ -110,7 +163,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if opt.mesh:
         # One code path: the mesh decides how the state and the batch are laid out.
         mesh = make_mesh(opt.mesh)
-        check_config_fits(cfg, mesh, opt.batch_size)
+        # Each micro-batch is split over `data` (steps.split_micro_batches keeps rows in place).
+        check_config_fits(cfg, mesh, opt.batch_size // opt.grad_accum)
         state, train_step = shard_training(mesh, state, step_fn, model=model)
         print(f"sharded over mesh {dict(mesh.shape)} of {mesh.devices.size} devices")
     else:
@@ -126,20 +180,23 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         return call_hooks(hooks, info)
 
     start_step = int(state.step)
-    train_time, tokens, window, stopped_early = 0.0, 0, [], False
+    train_time, tokens, window, stop_reason = 0.0, 0, [], None
     wall_start = time.perf_counter()
     tick = time.perf_counter()
     bar = tqdm(total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
     try:
         for done in range(start_step + 1, opt.steps + 1):
             batch = next(loader)
+            profiler.before(done)
             state, metrics = train_step(state, batch)
+            profiler.after(done, state)
             if opt.mesh:  # one sharded program at a time (see on_host above)
                 jax.block_until_ready(state)
             tokens += int((batch["tgt_out"] != pad).sum())
             window.append(metrics)
             bar.update(1)
             stop = ask("step", done, metrics, state)
+            reason = "hook" if stop else None
             last = stop or done == opt.steps  # a stopped run ends like one at its last step
             log_now = done % opt.log_every == 0 or last
             eval_now = done % opt.eval_every == 0 and not last  # the end has its own
@@ -163,33 +220,68 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                     loss=f"{record['train_loss']:.4f}", tok_s=f"{tokens / train_time:.0f}"
                 )
             if eval_now:
-                result = evaluate_loss(eval_step, on_host(state.params), valid_batches)
-                scores = {"valid_loss": result["loss"], "token_accuracy": result["token_accuracy"]}
+                scores = evaluate(job, model, eval_step, on_host(state.params), valid_batches)
                 log.write({"kind": "eval", "step": done} | scores)
+                match = scores.get("exact_match")
                 bar.write(
-                    f"step {done}: valid loss {result['loss']:.4f}, "
-                    f"token accuracy {result['token_accuracy']:.4f}"
+                    f"step {done}: valid loss {scores['valid_loss']:.4f}, token accuracy "
+                    f"{scores['token_accuracy']:.4f}"
+                    + ("" if match is None else f", exact match {match:.4f}")
                 )
-                if ask("eval", done, scores, state):
+                hook_stop = ask("eval", done, scores, state)
+                if tracker is not None and tracker.update(done, scores) and best_checkpointer:
+                    best_checkpointer.save(on_host(state))
+                if hook_stop or (tracker is not None and tracker.should_stop):
+                    reason = reason or ("hook" if hook_stop else "early_stop")
                     stop = save_now = True
                     if window:  # the stop step is logged and saved like any last step
                         log.write(record)
                         window.clear()
             if save_now:
-                checkpointer.save(on_host(state), loader.state())
+                extra = {"best": tracker.to_json()} if tracker else None
+                checkpointer.save(on_host(state), loader.state(), extra)
+                if tracker is not None:
+                    prune_best(best_checkpointer, tracker)
             if stop:
-                stopped_early = done < opt.steps
+                stop_reason = reason if done < opt.steps else None
                 break
             tick = time.perf_counter()
     finally:
+        profiler.stop()
+        tensorboard.flush()  # a crashed run's events are on disk; a resume purges the stale ones
         bar.close()
         checkpointer.close()
     stats = {
         "tokens_per_sec": tokens / max(train_time, 1e-9),
         "train_time_s": train_time,
-        "stopped_early": stopped_early,
+        "stopped_early": stop_reason is not None,
+        "stop_reason": stop_reason,
     }
-    return finish(job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start)
+    best = (tracker, best_checkpointer)
+    try:
+        return finish(
+            job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start,
+            log, best,
+        )  # fmt: skip
+    finally:
+        tensorboard.close()
+        if best_checkpointer is not None:
+            best_checkpointer.close()
+
+
+def evaluate(job: Job, model, eval_step, params, valid_batches) -> dict[str, float]:
+    """Validation loss and token accuracy; exact match too when --keep-best asks for it (it
+    decodes the validation set, the final evaluation's cost at every evaluation)."""
+    result = evaluate_loss(eval_step, params, valid_batches)
+    scores = {"valid_loss": result["loss"], "token_accuracy": result["token_accuracy"]}
+    if job.options.keep_best == "exact_match":
+        opt = job.options
+        decoded = evaluate_decoding(
+            model, params, job.valid_set, job.tokenizer, batch_size=opt.batch_size,
+            max_len=job.config.max_len, bleu_tokenize=opt.bleu_tokenize,
+        )  # fmt: skip
+        scores["exact_match"] = decoded.exact_match
+    return scores
 
 
 _norm = jax.jit(optax.tree.norm)  # one program, not dozens of eager ops in each new process
@@ -210,8 +302,9 @@ def _checked_loss(window: list, state: TrainState, step: int, checkpointer) -> f
 
 
 # ----------------------------------------------------------------------------- the end
-def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start):
-    """Final evaluation (shown to the hooks), pictures, exported weights and results.json."""
+def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start, log, best):
+    """Final evaluation (shown to the hooks and the best tracker), pictures (also on
+    TensorBoard), exported weights and results.json."""
     opt, cfg, workdir, tok = job.options, job.config, job.workdir, job.tokenizer
     params = state.params
     final = evaluate_loss(eval_step, params, valid_batches)
@@ -250,12 +343,22 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         nll = evaluate_loss(jax.jit(make_eval_step(model, 0.0)), params, valid_batches)["loss"]
         results["valid_nll"] = nll
         results["perplexity"] = float(math.exp(min(nll, 50.0)))
+    step = int(state.step)
+    final_scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
+    final_scores |= {"exact_match": results["exact_match"]} if "exact_match" in results else {}
+    log.write({"kind": "eval", "step": step} | final_scores)
+    tracker, best_checkpointer = best
+    if tracker is not None:
+        if tracker.update(step, final_scores) and best_checkpointer is not None:
+            best_checkpointer.save(state)
+            prune_best(best_checkpointer, tracker)  # the run is over: one best checkpoint
+        results["best"] = tracker.to_json()
+    tensorboard = log.tensorboard
+    if "examples" in results:
+        tensorboard.examples(results["examples"], step)
+    if "attention" in pictures:
+        tensorboard.image("valid/attention", Path(pictures["attention"]), step)
     metrics_path = workdir / "metrics.jsonl"
-    MetricsLog(metrics_path).write(
-        {"kind": "eval", "step": int(state.step), "valid_loss": final["loss"]}
-        | {"token_accuracy": final["token_accuracy"]}
-        | ({"exact_match": results["exact_match"]} if "exact_match" in results else {})
-    )
     pictures["curves"] = str(plot_curves(read_metrics(metrics_path), workdir / "curves.png"))
     host_params = jax.tree.map(np.asarray, params)
     save_flax_params(workdir / "flax_params.safetensors", host_params, cfg, job.model_kind)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from flax_transformer.training.best import METRICS
 from flax_transformer.training.data import LONG_POLICIES, TASKS
 from flax_transformer.training.optim import SCHEDULES
+from flax_transformer.training.profiling import parse_step_range
 from flax_transformer.training.tokenizer import TOKENIZERS
 
 # sacrebleu's tokenizers for the BLEU score; "char" scores the built-in tasks letter by letter.
@@ -44,7 +46,8 @@ def _check(options, positive=(), non_negative=(), unit=()) -> None:
             raise OptionError(name, f"must be in [0, 1), got {getattr(options, name)}")
     for field in dataclasses.fields(options):
         choices = field.metadata.get("choices")
-        if choices is not None and getattr(options, field.name) not in choices:
+        value = getattr(options, field.name)
+        if choices is not None and value is not None and value not in choices:
             raise OptionError(
                 field.name, f"must be one of {choices}, got {getattr(options, field.name)!r}"
             )
@@ -55,7 +58,12 @@ class TrainOptions:
     """How the loop trains; the defaults learn the default task in minutes on 2 CPU cores."""
 
     steps: int = option(1500, "optimizer steps in total")
-    batch_size: int = option(64, "sequences per batch")
+    batch_size: int = option(64, "sequences per optimizer step")
+    grad_accum: int = option(
+        1,
+        "split each batch into N micro-batches, run one after the other and summed into one "
+        "optimizer step (same update, less memory)",
+    )
     lr: float = option(2e-3, "peak learning rate")
     warmup: int = option(150, "linear warmup steps")
     schedule: str = option(
@@ -71,6 +79,25 @@ class TrainOptions:
     log_every: int = option(25, "metrics.jsonl line every N steps")
     bleu_tokenize: str = option("13a", "sacrebleu tokenizer", choices=BLEU_TOKENIZERS)
     num_examples: int = option(5, "decoded validation examples printed and stored")
+    keep_best: str | None = option(
+        None,
+        "also keep the checkpoint with the best validation valid_loss or exact_match (in "
+        "workdir/checkpoints_best; exact_match decodes the validation set at each evaluation)",
+        choices=tuple(METRICS),
+    )
+    early_stop: int | None = option(
+        None,
+        "stop when the --keep-best metric (default valid_loss) has not improved for this many "
+        "evaluations",
+        type=int,
+        metavar="PATIENCE",
+    )
+    profile_steps: str | None = option(
+        None,
+        "FIRST:LAST: write a jax.profiler trace of those optimizer steps into workdir/profile "
+        "(open with TensorBoard's Profile tab or Perfetto)",
+        metavar="FIRST:LAST",
+    )
     mesh: str | None = option(
         None,
         "shard training over devices, e.g. data=2,model=4 (batch over data, heads and FFN "
@@ -81,10 +108,27 @@ class TrainOptions:
         _check(
             self,
             positive=("steps", "batch_size", "lr", "warmup", "eval_every", "save_every")
-            + ("keep_checkpoints", "log_every"),
+            + ("keep_checkpoints", "log_every", "grad_accum"),
             non_negative=("clip_norm", "weight_decay", "num_examples"),
             unit=("label_smoothing",),
         )
+        if self.early_stop is not None and self.early_stop < 1:
+            raise OptionError("early_stop", f"must be >= 1 evaluations, got {self.early_stop}")
+        if self.profile_steps is not None:
+            try:
+                first, last = parse_step_range(self.profile_steps)
+            except ValueError as err:
+                raise OptionError("profile_steps", str(err)) from None
+            if last > self.steps:
+                raise OptionError(
+                    "profile_steps", f"ends at step {last}, after the last step ({self.steps})"
+                )
+        if self.batch_size % self.grad_accum:
+            raise OptionError(
+                "grad_accum",
+                f"({self.grad_accum}) must divide --batch-size ({self.batch_size}) into "
+                "equal micro-batches",
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A finished (or running) train.py workdir, loaded: config, kind, tokenizer, latest params."""
+"""A finished (or running) train.py workdir, loaded: config, kind, tokenizer, and the params of
+one checkpoint (the best one when --keep-best kept one, else the latest; or the one asked for)."""
 
 from __future__ import annotations
 
@@ -21,17 +22,23 @@ from flax_transformer.training.tokenizer import load_tokenizer
 class RunArtifacts:
     config: TransformerConfig
     model_kind: str  # one of spec.kinds.MODEL_KINDS
-    params: dict  # {"params": ...} from the latest checkpoint
+    params: dict  # {"params": ...} from the chosen checkpoint
     tokenizer: Any
     step: int = 0
+    checkpoint: str = "last"  # which one was loaded: "last", "best" or "step"
 
     @property
     def model(self):
         return model_for(self.config, self.model_kind)
 
 
-def load_run(workdir: str | Path) -> RunArtifacts:
-    """Config, tokenizer and the latest checkpoint's params of a train.py workdir."""
+def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArtifacts:
+    """Config, tokenizer and one checkpoint's params of a train.py workdir.
+
+    checkpoint: "last" (the latest in checkpoints/), "best" (checkpoints_best/, written by
+    --keep-best), a step number (either directory), or None: the best if there is one, else
+    the last.
+    """
     workdir = Path(workdir)
     for name in ("config.json", "run.json", "tokenizer.json"):
         if not (workdir / name).exists():
@@ -42,13 +49,44 @@ def load_run(workdir: str | Path) -> RunArtifacts:
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]
-    checkpointer = Checkpointer(workdir / "checkpoints", create=False)
+    directory, step, chosen = _choose_checkpoint(workdir, checkpoint)
+    checkpointer = Checkpointer(directory, create=False)
     try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise ValueError(f"{workdir / 'checkpoints'}: no checkpoint found")
         params = checkpointer.restore_params(abstract, step)
     finally:
         checkpointer.close()
     params = jax.tree.map(np.asarray, params)
-    return RunArtifacts(config, kind, {"params": params}, tokenizer, step)
+    return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    """The finished checkpoints of an Orbax directory (Orbax's temporary ones excluded)."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _choose_checkpoint(workdir: Path, checkpoint: str | int | None) -> tuple[Path, int, str]:
+    last_dir, best_dir = workdir / "checkpoints", workdir / "checkpoints_best"
+    last, best = checkpoint_steps(last_dir), checkpoint_steps(best_dir)
+    if checkpoint is None:
+        checkpoint = "best" if best else "last"
+    if checkpoint == "best":
+        if not best:
+            raise ValueError(f"{best_dir}: no best checkpoint (train with --keep-best)")
+        return best_dir, best[-1], "best"
+    if checkpoint == "last":
+        if not last:
+            raise ValueError(f"{last_dir}: no checkpoint found")
+        return last_dir, last[-1], "last"
+    try:
+        step = int(checkpoint)
+    except ValueError:
+        raise ValueError(f"checkpoint must be last, best or a step, got {checkpoint!r}") from None
+    if step in last:
+        return last_dir, step, "step"
+    if step in best:
+        return best_dir, step, "step"
+    raise ValueError(
+        f"no checkpoint of step {step} in {workdir} (steps: {sorted(set(last + best))})"
+    )
