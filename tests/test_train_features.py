@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from flax_transformer.decoding import cli as generate_cli
 from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.spec.naming import flatten_params
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.run import checkpoint_steps, load_run
 
@@ -159,7 +160,13 @@ def test_early_stop_and_its_resume(tmp_path, capsys):
     assert results["steps"] == 6 and results["stop_reason"] == "early_stop"
     assert results["best"]["evals_since_best"] == 2
     assert checkpoint_steps(workdir / "checkpoints_best") == [2]
-    assert load_run(workdir).step == 2 and load_run(workdir, "last").step == 6
+    best = load_run(workdir)
+    assert best.step == 2 and load_run(workdir, "last").step == 6
+    # The best checkpoint is exported beside the last one.
+    exported, _ = load_safetensors(workdir / "best_flax_params.safetensors")
+    for path, value in flatten_params(best.params).items():
+        np.testing.assert_array_equal(exported["/".join(path)], value)
+    assert results["weights"]["best_torch"].endswith("best_torch_model.safetensors")
     # generate: --checkpoint picks, a bad value is a usage error.
     (tmp_path / "in.txt").write_text("abc\n")
     assert generate_cli.main(["--workdir", str(workdir), "--checkpoint", "6",

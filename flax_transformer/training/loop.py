@@ -360,22 +360,31 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         tensorboard.image("valid/attention", Path(pictures["attention"]), step)
     metrics_path = workdir / "metrics.jsonl"
     pictures["curves"] = str(plot_curves(read_metrics(metrics_path), workdir / "curves.png"))
-    host_params = jax.tree.map(np.asarray, params)
-    save_flax_params(workdir / "flax_params.safetensors", host_params, cfg, job.model_kind)
-    save_torch_state(
-        workdir / "torch_model.safetensors", flax_to_torch_state(host_params), cfg, job.model_kind
-    )
+    weights = export_weights(workdir, "", params, cfg, job.model_kind)
+    if best_checkpointer is not None and tracker.best_step is not None:
+        # The best checkpoint's weights too (best_*.safetensors), for the same uses.
+        best_checkpointer.wait()
+        best_params = best_checkpointer.restore_params(params, tracker.best_step)
+        best_weights = export_weights(workdir, "best_", best_params, cfg, job.model_kind)
+        weights |= {f"best_{name}": path for name, path in best_weights.items()}
     results.update(
         stats,
         wall_time_s=time.perf_counter() - wall_start,
         pictures=pictures,
-        weights={
-            "flax": str(workdir / "flax_params.safetensors"),
-            "torch": str(workdir / "torch_model.safetensors"),
-        },
+        weights=weights,
     )
     (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     return results
+
+
+def export_weights(workdir: Path, prefix: str, params, cfg, kind) -> dict[str, str]:
+    """<prefix>flax_params.safetensors and <prefix>torch_model.safetensors; their paths."""
+    host_params = jax.tree.map(np.asarray, params)
+    flax_path = workdir / f"{prefix}flax_params.safetensors"
+    torch_path = workdir / f"{prefix}torch_model.safetensors"
+    save_flax_params(flax_path, host_params, cfg, kind)
+    save_torch_state(torch_path, flax_to_torch_state(host_params), cfg, kind)
+    return {"flax": str(flax_path), "torch": str(torch_path)}
 
 
 def _attention_picture(model, params, job: Job, workdir: Path) -> Path:
