@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from flax_transformer.nn.kinds import model_for
+from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.spec.presets import preset
 from flax_transformer.training.hooks import STOP, StepInfo, call_hooks
 from flax_transformer.training.optim import (
@@ -18,7 +18,7 @@ from flax_transformer.training.optim import (
     schedule_value,
 )
 from flax_transformer.training.options import DataOptions, OptionError, TrainOptions
-from flax_transformer.training.state import create_train_state, init_params
+from flax_transformer.training.state import create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step, smoothed_cross_entropy
 
 CONFIG = preset("tiny")
@@ -26,12 +26,13 @@ CONFIG = preset("tiny")
 
 @pytest.fixture(scope="module")
 def learner():
-    """A tiny dropout model, an AdamW with warmup, and its jitted train / eval steps, shared by
-    the tests (each compilation costs seconds)."""
+    """A tiny dropout model, an AdamW with warmup, its jitted train / eval steps and a state at
+    step 0 (seed 1), shared by the tests: each compilation, init's included, costs seconds."""
     model = model_for(CONFIG.replace(dropout_rate=0.1), "transformer")
     opt = make_optimizer(make_schedule("inverse_sqrt", 1e-2, 5, 40), weight_decay=0.01)
-    step = jax.jit(make_train_step(model, opt, label_smoothing=0.1))
-    return model, opt, step, jax.jit(make_eval_step(model, 0.1))
+    step = jax.jit(make_train_step(model, opt, label_smoothing=0.1))  # not donated: shared state
+    state = create_train_state(model, opt, seed=1)
+    return model, opt, step, jax.jit(make_eval_step(model, 0.1)), state
 
 
 def make_batch(seed=0, batch=4, length=8):
@@ -102,8 +103,10 @@ def test_clip_matches_optax_without_eps_and_torch_formula_with_it():
 
 
 def test_weight_decay_skips_biases_and_norms():
-    model = model_for(CONFIG, "transformer")
-    params = init_params(model, 0)
+    # The model's param tree filled with ones: unlike a real init (zero biases), any decay of
+    # a 1-D param would show.
+    abstract = abstract_variables(model_for(CONFIG, "transformer"))["params"]
+    params = jax.tree.map(lambda leaf: jnp.ones(leaf.shape, leaf.dtype), abstract)
     zeros = jax.tree.map(jnp.zeros_like, params)
     opt = make_optimizer(0.0, weight_decay=0.5, clip_norm=0.0)  # lr 0: nothing should move...
     updates, _ = jax.jit(opt.update)(zeros, opt.init(params), params)
@@ -118,29 +121,28 @@ def test_weight_decay_skips_biases_and_norms():
 
 
 def test_train_step_learns_and_is_deterministic(learner):
-    model, opt, step, eval_step = learner
+    model, opt, step, eval_step, initial = learner
     batch = make_batch()
 
-    def run(n):
-        state = create_train_state(model, opt, seed=1)
+    def run(n, state):
         first = eval_step(state.params, batch)
         for _ in range(n):
             state, metrics = step(state, batch)
         return state, first, metrics
 
-    state, first, metrics = run(30)
+    state, first, metrics = run(30, initial)
     last = eval_step(state.params, batch)
     assert int(state.step) == 30
     assert float(metrics["token_count"]) == float((batch["tgt_out"] != 0).sum())
     assert float(last["loss_sum"]) < 0.3 * float(first["loss_sum"])  # it overfits one batch
-    again, _, _ = run(30)  # same seed, same dropout keys (fold_in(rng, step)): same params
+    # A new state from the same seed, the same dropout keys (fold_in(rng, step)): same params.
+    again, _, _ = run(30, create_train_state(model, opt, seed=1))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(again.params), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_dropout_key_changes_with_step(learner):
-    model, opt, step, _ = learner
-    state = create_train_state(model, opt, seed=0)
+    _, _, step, _, state = learner
     batch = make_batch()
     # A step's metrics come from the params before its update: with the same params, only the
     # dropout key fold_in(rng, step) can change them.
