@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flax_transformer.spec.kinds import LM
+
 BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
 
 
@@ -104,7 +106,7 @@ class Generator:
     def __init__(self, run, args: argparse.Namespace):
         self.run, self.args = run, args
         self.model, self.tokenizer, self.config = run.model, run.tokenizer, run.config
-        self.is_lm = run.model_kind == "lm"
+        self.is_lm = run.model_kind == LM
         self.max_len = self.config.max_len
 
     # ---- text -> tokens
