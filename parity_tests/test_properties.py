@@ -1,6 +1,7 @@
 """Property-based parity over random shapes, head counts, layer counts, options and masks."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,6 +47,7 @@ def token_batches(draw, vocab, batch, max_len=10):
     return tokens
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data(), cfg=configs())
 def test_transformer_parity_property(data, cfg):

@@ -143,6 +143,7 @@ def copy_tree(root: Path, dest: Path, label_smoothing: str | None = None) -> Pat
     return dest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changed", [False, True])
 def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
     """bench.ab_step on this tree and a copy (changed: with label smoothing 0.2): each worker

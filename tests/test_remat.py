@@ -77,6 +77,7 @@ def test_remat_gradients_equal_float64(kind):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["transformer", "lm"])
 def test_remat_with_dropout_draws_the_same_masks(kind):
     # One block per stack: the unrolled dropout hash makes these programs slow to compile.

@@ -142,6 +142,7 @@ def parity_report():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_worker_saw_eight_devices(parity_report):
     assert parity_report["devices"] == 8
     # The reference run trains: loss moves and stays finite.
@@ -149,6 +150,7 @@ def test_worker_saw_eight_devices(parity_report):
     assert all(np.isfinite(losses)) and losses[-1] != losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", MESHES)
 def test_sharded_training_matches_single_device(parity_report, spec):
     result = parity_report[spec]

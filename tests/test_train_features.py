@@ -57,6 +57,7 @@ def accumulated(tmp_path_factory):
     return accum, plain
 
 
+@pytest.mark.slow
 def test_grad_accum_run_ends_with_the_weights_of_the_plain_run(accumulated):
     accum, plain = accumulated
     expected, _ = load_safetensors(plain / "flax_params.safetensors")
@@ -85,6 +86,7 @@ def read_events(directory):
     return events.Reload()
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_metrics_once_per_step(accumulated):
     accum, _ = accumulated
     events = read_events(accum / "tensorboard")
@@ -105,6 +107,7 @@ def test_tensorboard_holds_the_metrics_once_per_step(accumulated):
     )
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_a_trace(accumulated, tmp_path, capsys):
     accum, _ = accumulated
     traces = list((accum / "profile").rglob("*.xplane.pb"))
@@ -119,6 +122,7 @@ def test_profile_steps_writes_a_trace(accumulated, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_keep_best_keeps_the_lowest_validation_loss(accumulated):
     _, plain = accumulated
     records = [json.loads(line) for line in (plain / "metrics.jsonl").read_text().splitlines()]
@@ -135,6 +139,7 @@ def test_keep_best_keeps_the_lowest_validation_loss(accumulated):
         load_run(plain, 3)
 
 
+@pytest.mark.slow
 def test_early_stop_and_its_resume(tmp_path, capsys):
     """An untrained model's exact match stays 0: the first evaluation (step 2) is the best and
     every later one is a miss. Patience 1 stops at step 4; resumed with patience 2, the run
