@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def read_reply(name: str, worker: subprocess.Popen):
 def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: int) -> dict:
     """`fields`: the TransformerConfig fields to set; every tree must know them (later trees
     may have added fields: those keep their defaults)."""
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         config_path, batch_path = Path(tmp, "config.json"), Path(tmp, "batch.npz")
         config_path.write_text(json.dumps(fields))
@@ -119,6 +121,8 @@ def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: i
         "compiled_hlo_sha256": {name: r["hlo_sha256"] for name, r in ready.items()},
         "same_compiled_program": ready[a]["hlo_sha256"] == ready[b]["hlo_sha256"],
         "batch": {k: list(v.shape) for k, v in batch.items()},
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
         "rounds": rounds,
         "steps_per_round": steps,
         "step_ms": {

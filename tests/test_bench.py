@@ -161,6 +161,7 @@ def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
         assert result["config"][name] == preset("tiny", dropout_rate=0.1).to_dict()
         assert result["step_ms"][name]["n"] == 2 and len(result["round_median_ms"][name]) == 2
     assert result["same_compiled_program"] is not changed
+    assert len(result["loadavg_start"]) == len(result["loadavg_end"]) == 3
     assert result["b_over_a_median_ratio"] > 0
     low, high = result["b_over_a_round_ratio_range"]
     assert 0 < low <= result["b_over_a_round_ratio_median"] <= high
