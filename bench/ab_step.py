@@ -42,11 +42,14 @@ cfg = TransformerConfig(**json.loads(open(config_path).read()))
 batch = dict(np.load(batch_path))
 state, jitted, batch_device = build_flax_step(cfg, batch)
 step = jitted.lower(state, batch_device).compile()
-# The optimised program without its debug information (source files, op names, which differ
-# between trees): equal hashes = the two trees run the same program.
+# The optimised program without its debug information (source files, op names) and with its
+# instructions renamed in order of appearance (names come from Python function names, which
+# differ between trees): equal hashes = the two trees run the same program.
 hlo = re.sub(r", metadata=\{[^}]*\}", "", step.as_text())
 tables = r"^(FileNames|FunctionNames|FileLocations|StackFrames)$|^\d+ "
 hlo = "\n".join(line for line in hlo.splitlines() if not re.match(tables, line))
+names = {}
+hlo = re.sub(r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), hlo)
 for _ in range(2):  # warm-up
     state, metrics = step(state, batch_device)
     step_loss(metrics)
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
     for name in trees:
         stats = result["step_ms"][name]
         print(f"{name}: median {stats['median']:.1f} ms, min {stats['min']:.1f} ms ({stats['n']})")
-    print(f"same compiled program (debug information aside): {result['same_compiled_program']}")
+    print(f"same compiled program (debug info and names aside): {result['same_compiled_program']}")
     print(
         f"{b} / {a}: ratio of medians {result[f'{b}_over_{a}_median_ratio']:.3f}, "
         f"median per-round ratio {result[f'{b}_over_{a}_round_ratio_median']:.3f}"
