@@ -34,7 +34,7 @@ from flax_transformer.nn.kinds import init_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import LM, SEQ2SEQ, check_kind, model_inputs
 from flax_transformer.spec.naming import flatten_params, unflatten_params
-from flax_transformer.training.steps import smoothed_cross_entropy
+from flax_transformer.training.steps import loss_from_logits
 
 
 class _Bridged(nnx.bridge.ToNNX):
@@ -139,12 +139,7 @@ def loss_fn(model: _Bridged, batch, *, label_smoothing: float = 0.0, determinist
     """(mean loss over real target tokens, aux {"loss_sum", "token_count", "correct"}): the
     linen `training.steps.loss_fn`, with the NNX model in place of (params, module)."""
     logits = model(*model_inputs(batch, model.kind), deterministic=deterministic)
-    targets = batch["tgt_out"]
-    weights = targets != model.config.pad_id
-    loss_sum, count = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & weights)
-    aux = {"loss_sum": loss_sum, "token_count": count, "correct": correct}
-    return loss_sum / jnp.maximum(count, 1.0), aux
+    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
 
 
 def make_train_step(label_smoothing: float = 0.0):

@@ -16,6 +16,7 @@ smoothed target distribution exactly has loss 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -70,8 +71,12 @@ def loss_fn(
     """(mean loss over real target tokens, aux {"loss_sum", "token_count", "correct"})."""
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     logits = compute_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
-    targets = batch["tgt_out"]
-    weights = targets != model.config.pad_id
+    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
+
+
+def loss_from_logits(logits, targets, pad_id: int, label_smoothing: float = 0.0):
+    """logits (B, T, V), targets (B, T) -> (mean loss over the non-pad targets, aux sums)."""
+    weights = targets != pad_id
     loss_sum, count = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
     correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & weights)
     aux = {"loss_sum": loss_sum, "token_count": count, "correct": correct}
@@ -108,28 +113,11 @@ def make_train_step(
     """
     if grad_accum < 1:
         raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-
-    def whole_batch(params, batch, dropout_rng):
-        return grad_fn(
-            params,
-            batch,
-            dropout_rng,
-            model=model,
-            label_smoothing=label_smoothing,
-            deterministic=False,
-        )
-
-    def micro_grads(params, micro_batch, dropout_rng):
-        """(gradient of the micro-batch's summed loss, its sums)."""
-        return jax.grad(summed_loss, has_aux=True)(
-            params,
-            micro_batch,
-            dropout_rng,
-            model=model,
-            label_smoothing=label_smoothing,
-            deterministic=False,
-        )
+    settings = dict(model=model, label_smoothing=label_smoothing, deterministic=False)
+    # (params, batch, dropout_rng) -> (gradient, sums): of the mean loss for a whole batch, of
+    # the summed loss for a micro-batch (micro-batch gradients add up).
+    whole_batch = functools.partial(jax.grad(loss_fn, has_aux=True), **settings)
+    micro_grads = functools.partial(jax.grad(summed_loss, has_aux=True), **settings)
 
     def accumulated(params, batch, dropout_rng):
         micro = jax.tree.map(lambda x: split_micro_batches(x, grad_accum), dict(batch))
