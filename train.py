@@ -44,16 +44,18 @@ class UsageError(ValueError):
 def add_option_flags(group, options_class, names, **overrides) -> None:
     """One flag per named field of an options class (training/options.py): its default, help
     and choices come from the field; `overrides` maps a name to argparse keywords to change."""
-    from flax_transformer.training.options import option_fields
+    from flax_transformer.spec.validate import Float, Int, flag_type
+    from flax_transformer.training.options import argparse_keywords, option_fields, rule_of
 
     fields = option_fields(options_class)
     for name in names:
         field = fields[name]
-        kwargs = {"default": field.default, **field.metadata}
+        kwargs = {"default": field.default, **argparse_keywords(field)}
         if field.default is not None:  # None: the help says what happens without the flag
             kwargs["help"] += " (default: %(default)s)"
-            if not isinstance(field.default, str):
-                kwargs["type"] = type(field.default)
+        rule = rule_of(field)
+        if isinstance(rule, Int | Float):  # checked as it is parsed: an argparse error, exit 2
+            kwargs["type"] = flag_type(rule, "--" + name.replace("_", "-"))
         kwargs.update(overrides.get(name, {}))
         group.add_argument("--" + name.replace("_", "-"), **kwargs)
 
@@ -88,10 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--config", help="TransformerConfig JSON file (vocab sizes come from the tokenizer)"
     )
+    from flax_transformer.spec.config import FIELD_RULES
+    from flax_transformer.spec.validate import flag_type
+
     for dest, (fields, text) in MODEL_FLAGS.items():
-        default = MODEL_DEFAULTS[fields[0]]
+        default, flag = MODEL_DEFAULTS[fields[0]], "--" + dest.replace("_", "-")
         model.add_argument(
-            "--" + dest.replace("_", "-"), type=type(default), help=f"{text} (default: {default})"
+            flag, type=flag_type(FIELD_RULES[fields[0]], flag), help=f"{text} (default: {default})"
         )
 
     train = p.add_argument_group("training")
@@ -156,10 +161,15 @@ def _flag_values(parser, path, flag) -> dict:
         data = data["args"]  # a run.json: its flags
     if not isinstance(data, dict):
         raise UsageError(f"{flag}: {path} must hold a JSON object of flag values")
+    from flax_transformer.spec.validate import run_config_problems
+
     known = {a.dest for a in parser._actions}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UsageError(f"{flag}: {path} has unknown flag(s): {', '.join(unknown)}")
+    problems = run_config_problems(parser, data)
+    if problems:  # the command line's checks, for values that bypass argparse's `type`
+        raise UsageError(f"{flag}: {path}: " + "; ".join(problems))
     return data
 
 
@@ -178,6 +188,7 @@ def check_args(args) -> None:
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
     if args.keep_best == "exact_match" and args.lm_text:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
+    check_model_flags(args)
     if args.mesh:
         from flax_transformer.training.sharding import MeshError, make_mesh
 
@@ -185,6 +196,28 @@ def check_args(args) -> None:
             make_mesh(args.mesh)
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
+
+
+def check_model_flags(args) -> None:
+    """The model --config and flags give a valid TransformerConfig (checked before any data is
+    read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
+    from flax_transformer.spec.config import TransformerConfig
+    from flax_transformer.training.tokenizer import ByteTokenizer
+
+    try:
+        values = model_values(args)
+    except ValueError as err:
+        raise UsageError(f"--config: {err}") from None
+    try:
+        TransformerConfig.from_dict(
+            values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
+        )
+    except ValueError as err:
+        given = [
+            "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None
+        ]
+        source = ", ".join(given + (["--config"] if args.config else [])) or "the defaults"
+        raise UsageError(f"model flags ({source}): {err}") from None
 
 
 def options_from_args(options_class, args, **values):
@@ -304,8 +337,9 @@ def make_tokenizer(args, data, workdir: Path, train_pairs):
     return ByteTokenizer()
 
 
-def make_config(args, tokenizer, workdir: Path):
-    from flax_transformer.spec.config import TransformerConfig, config_diff
+def model_values(args) -> dict:
+    """TransformerConfig fields from --config (or the defaults) and the model flags."""
+    from flax_transformer.spec.config import TransformerConfig
 
     values = dict(MODEL_DEFAULTS)
     if args.config:
@@ -313,6 +347,13 @@ def make_config(args, tokenizer, workdir: Path):
     for dest, (fields, _) in MODEL_FLAGS.items():
         if getattr(args, dest) is not None:
             values.update(dict.fromkeys(fields, getattr(args, dest)))
+    return values
+
+
+def make_config(args, tokenizer, workdir: Path):
+    from flax_transformer.spec.config import TransformerConfig, config_diff
+
+    values = model_values(args)
     values.update(
         src_vocab_size=tokenizer.vocab_size,
         tgt_vocab_size=tokenizer.vocab_size,
@@ -341,10 +382,19 @@ def main(argv=None, hooks=()) -> int:
 
     started = time.perf_counter()
     try:
-        args = parse_args(argv)
+        try:
+            args = parse_args(argv)
+        except SystemExit as exit:  # argparse printed its error (or --help)
+            if exit.code == 0:
+                raise
+            return 2
         check_args(args)
-        data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
-        options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
+            options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        for warning in caught:  # e.g. --warmup longer than --steps
+            print(f"warning: {warning.message}", file=sys.stderr)
         return run(args, data, options, hooks, started)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -355,6 +405,7 @@ def main(argv=None, hooks=()) -> int:
 
 
 def run(args, data, options, hooks, started: float) -> int:
+    from flax_transformer.spec.atomic_io import atomic_write_text
     from flax_transformer.spec.kinds import LM
     from flax_transformer.training.data import encode_documents, encode_pairs
     from flax_transformer.training.loop import Job, run_training
@@ -385,7 +436,7 @@ def run(args, data, options, hooks, started: float) -> int:
             "train_examples": len(train_set),
             "valid_examples": len(valid_set),
         }
-        (workdir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
+        atomic_write_text(workdir / "run.json", json.dumps(run_info, indent=2) + "\n")
     print(
         f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
         f"{config.num_decoder_layers} layers, {len(train_set)} training / {len(valid_set)} "
@@ -395,7 +446,9 @@ def run(args, data, options, hooks, started: float) -> int:
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
     results = run_training(job, hooks)
     results["wall_time_s"] = time.perf_counter() - started
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     print_summary(results, workdir)
     return 0
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
+from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import Checkpointer
@@ -73,7 +74,7 @@ def read_metrics(path: Path) -> list[dict]:
 def truncate_metrics(path: Path, last_step: int) -> None:
     """On resume, forget records written after the checkpoint by the interrupted run."""
     kept = [r for r in read_metrics(path) if r["step"] <= last_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricsLog:
@@ -145,7 +146,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
         state = create_train_state(model, optimizer, opt.seed)
-        metrics_path.write_text("")
+        atomic_write_text(metrics_path, "")
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
     tensorboard = TensorBoardLog(
         workdir / "tensorboard", purge_step=resumed_at + 1 if job.resume else None
@@ -373,7 +374,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         pictures=pictures,
         weights=weights,
     )
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     return results
 
 
