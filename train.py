@@ -407,7 +407,7 @@ def main(argv=None, hooks=()) -> int:
 def run(args, data, options, hooks, started: float) -> int:
     from flax_transformer.spec.atomic_io import atomic_write_text
     from flax_transformer.spec.kinds import LM
-    from flax_transformer.training.data import encode_documents, encode_pairs
+    from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.loop import Job, run_training
 
     workdir = default_workdir(args)
@@ -426,6 +426,8 @@ def run(args, data, options, hooks, started: float) -> int:
             valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
+    for dataset in (train_set, valid_set):
+        check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
     if not args.resume:
         config.save(workdir / "config.json")
         tokenizer.save(workdir / "tokenizer.json")

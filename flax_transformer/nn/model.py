@@ -15,11 +15,13 @@ from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.nn.layers import Dense, PositionalEncoding, layer_norm, with_axes
+from flax_transformer.nn.token_ids import check_same_batch, check_token_ids
 from flax_transformer.spec.config import TransformerConfig
 
 
-def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
-    """Shape checks that run at trace time, so bad input fails here and not deep inside XLA."""
+def check_tokens(name: str, tokens: jax.Array, max_len: int, vocab: int | None = None) -> None:
+    """Shape checks that run at trace time, so bad input fails here and not deep inside XLA;
+    outside jit (concrete values) the ids are checked against `vocab` too (token_ids.py)."""
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be (batch, length) token ids, got shape {tokens.shape}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -28,6 +30,8 @@ def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
         raise ValueError(
             f"{name} has length {tokens.shape[1]}, longer than the model's max_len {max_len}"
         )
+    if vocab is not None:
+        check_token_ids(name, tokens, vocab)
 
 
 def check_mask(name: str, mask: jax.Array | None, target: tuple[int, ...]) -> None:
@@ -176,8 +180,10 @@ class Transformer(_EmbeddingsMixin, nn.Module):
             self.lm_head = _lm_head(cfg)
 
     def __call__(self, src, tgt, *, src_mask=None, tgt_mask=None, deterministic: bool = True):
+        if np.ndim(src) == 2 and np.ndim(tgt) == 2:  # other ranks: check_tokens names them
+            check_same_batch(src=src, tgt=tgt)
         if src_mask is None:
-            check_tokens("src", src, self.config.max_len)
+            check_tokens("src", src, self.config.max_len, self.config.src_vocab_size)
             src_mask = make_padding_mask(src, self.config.pad_id)
         encoded = self.encode(src, src_mask=src_mask, deterministic=deterministic)
         return self.decode(
@@ -187,7 +193,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
     def encode(self, src, *, src_mask=None, deterministic: bool = True):
         """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real."""
         cfg = self.config
-        check_tokens("src", src, cfg.max_len)
+        check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
         if src_mask is None:
             src_mask = make_padding_mask(src, cfg.pad_id)
         check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
@@ -212,13 +218,14 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         the cache positions (batch, 1, tgt_len, max_len) and defaults to causal-over-cache.
         """
         cfg = self.config
-        check_tokens("tgt", tgt, cfg.max_len)
+        check_tokens("tgt", tgt, cfg.max_len, cfg.tgt_vocab_size)
         batch, tgt_len = tgt.shape
         if not decode and tgt_mask is None:
             tgt_mask = combine_masks(make_causal_mask(tgt_len), make_padding_mask(tgt, cfg.pad_id))
         if not decode:
             check_mask("tgt_mask", tgt_mask, (batch, cfg.num_heads, tgt_len, tgt_len))
         if encoded is not None:
+            check_same_batch(encoded=encoded, tgt=tgt)
             src_len = encoded.shape[1]
             check_mask("src_mask", src_mask, (batch, cfg.num_heads, tgt_len, src_len))
             if (
@@ -258,7 +265,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         """(batch, len) tokens -> logits (batch, len, vocab). mask defaults to causal + padding;
         in decode mode it covers the cache positions and defaults to causal-over-cache."""
         cfg = self.config
-        check_tokens("tokens", tokens, cfg.max_len)
+        check_tokens("tokens", tokens, cfg.max_len, cfg.tgt_vocab_size)
         batch, length = tokens.shape
         if not decode and mask is None:
             mask = combine_masks(make_causal_mask(length), make_padding_mask(tokens, cfg.pad_id))
