@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -145,11 +146,28 @@ def parse_args(argv):
         saved = default_workdir(args) / "run.json"
         if not saved.exists():
             raise UsageError(f"--resume: {saved} not found; nothing to resume in that --workdir")
+        if read_run_json(saved) is None:  # a run.json cut short by a crash (older versions)
+            print(
+                f"warning: --resume: {saved} is not readable JSON; resuming with the flags of "
+                "this command line (the model is still checked against config.json), and "
+                "run.json is written anew",
+                file=sys.stderr,
+            )
+            return args
         values = _flag_values(parser, saved, "--resume")
         values.pop("resume", None)
         parser.set_defaults(**values)
         args = parser.parse_args(argv)
     return args
+
+
+def read_run_json(path: Path) -> dict | None:
+    """A workdir's run.json, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _flag_values(parser, path, flag) -> dict:
@@ -255,20 +273,24 @@ def default_workdir(args) -> Path:
 
 
 def prepare_workdir(workdir: Path, resume: bool) -> None:
-    """Writable, and never a second run on top of an existing one."""
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(
-            f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
-        ) from None
+    """Writable, and never a second run on top of an existing one. Creates nothing: the
+    workdir is made once all input has been read (make_workdir)."""
+    existing = workdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = "Not a directory" if existing.exists() and not existing.is_dir() else "no access"
+        raise UsageError(f"--workdir {workdir}: not writable ({problem}: {existing})")
     checkpoints = workdir / "checkpoints"
-    has_run = (workdir / "run.json").exists() or (
-        checkpoints.exists() and any(checkpoints.iterdir())
-    )
+    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+    run_json = workdir / "run.json"
+    has_run = has_checkpoints or (run_json.exists() and read_run_json(run_json) is not None)
+    if run_json.exists() and not has_run and not resume:
+        print(
+            f"warning: {run_json} is not readable JSON and there is no checkpoint: a run that "
+            "never started; this run replaces it",
+            file=sys.stderr,
+        )
     if has_run and not resume:
         raise UsageError(
             f"--workdir {workdir} already holds a run; pass --resume to continue it, or choose "
@@ -283,6 +305,19 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- data
+def make_workdir(workdir: Path) -> None:
+    """Create the workdir (all input is read and checked by now) and probe that it takes files."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe = workdir / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(
+            f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
+        ) from None
+
+
 def load_pairs(args, data):
     """(model kind, train pairs, valid pairs) from the chosen source; `data`: DataOptions."""
     from flax_transformer.spec.kinds import LM, SEQ2SEQ
@@ -428,9 +463,11 @@ def run(args, data, options, hooks, started: float) -> int:
         print(f"warning: {warning.message}", file=sys.stderr)
     for dataset in (train_set, valid_set):
         check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
-    if not args.resume:
-        config.save(workdir / "config.json")
-        tokenizer.save(workdir / "tokenizer.json")
+    make_workdir(workdir)  # the first write: every input has been read and checked
+    if not args.resume or read_run_json(workdir / "run.json") is None:
+        if not args.resume:
+            config.save(workdir / "config.json")
+            tokenizer.save(workdir / "tokenizer.json")
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,

@@ -189,18 +189,19 @@ def run_config_problems(parser: argparse.ArgumentParser, values: Mapping[str, An
             continue
         flag = action.option_strings[0] if action.option_strings else dest
         rule = getattr(action.type, "rule", None)
+        optional = action.default is None  # null: "flag not given", as run.json records it
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
             problem = Bool().problem(value)
         elif action.choices is not None:
-            problem = Choice(tuple(action.choices), optional=True).problem(value)
+            problem = Choice(tuple(action.choices), optional=optional).problem(value)
         elif rule is not None:
-            problem = dataclasses.replace(rule, optional=True).problem(value)
+            problem = dataclasses.replace(rule, optional=optional).problem(value)
         elif action.type is int:
-            problem = Int(optional=True).problem(value)
+            problem = Int(optional=optional).problem(value)
         elif action.type is float:
-            problem = Float(optional=True).problem(value)
+            problem = Float(optional=optional).problem(value)
         else:
-            problem = Text().problem(value)
+            problem = Text(optional=optional).problem(value)
         if problem:
             problems.append(f"{flag} {problem}")
     return problems
