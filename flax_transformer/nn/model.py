@@ -182,6 +182,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
     def __call__(self, src, tgt, *, src_mask=None, tgt_mask=None, deterministic: bool = True):
         if np.ndim(src) == 2 and np.ndim(tgt) == 2:  # other ranks: check_tokens names them
             check_same_batch(src=src, tgt=tgt)
+            check_tokens("tgt", tgt, self.config.max_len, self.config.tgt_vocab_size)  # before work
         if src_mask is None:
             check_tokens("src", src, self.config.max_len, self.config.src_vocab_size)
             src_mask = make_padding_mask(src, self.config.pad_id)
