@@ -53,7 +53,7 @@ def variables():
     [
         ([[5, -3, 0, 0]], [[1, 2]], "src holds token id -3 at position (0, 1), outside the vocab"),
         ([[5, 40, 0, 0]], [[1, 2]], "src holds token id 40 at position (0, 1), outside"),
-        ([[5, 6]], [[1, 44]], "tgt holds token id 44 at position (0, 1), outside the vocabulary [0, 44)"),
+        ([[5, 6]], [[1, 44]], "tgt holds token id 44 at position (0, 1), outside the vocabulary"),
         (SRC, TGT[:1], "src of shape (2, 4) and tgt of shape (1, 3) disagree on the batch size"),
         (SRC[:1], TGT, "src of shape (1, 4) and tgt of shape (2, 3) disagree on the batch size"),
     ],
@@ -173,7 +173,7 @@ def weight_files(tmp_path_factory, variables):
 @pytest.mark.parametrize(
     "name, extra, code, message",
     [
-        ("int", [], 1, "tensor 'decoder.layers.0.ffn.linear1.weight' has dtype int32; weights must"),
+        ("int", [], 1, "'decoder.layers.0.ffn.linear1.weight' has dtype int32; weights must"),
         ("nan", [], 1, "tensor 'encoder.layers.0.ffn.linear1.weight' has 1 non-finite value(s)"),
         ("nan", [], 1, "--allow-nonfinite to accept"),
         ("nan", ["--allow-nonfinite"], 0, '"converted": "torch -> flax"'),
@@ -220,7 +220,9 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, var
     path = tmp_path / "w.safetensors"
     save_flax_params(path, variables, CONFIG)
     before = path.read_bytes()
-    with pytest.raises(Exception):  # safetensors cannot store strings: fails mid-save
+    import safetensors
+
+    with pytest.raises(safetensors.SafetensorError):  # safetensors cannot store strings
         convert.save_safetensors(
             path, {"x": np.array(["text"])}, config=CONFIG, fmt="flax", model="transformer"
         )
