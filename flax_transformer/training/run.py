@@ -16,7 +16,7 @@ from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import SEQ2SEQ
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.spec.tree_check import ConversionError, check_tree
-from flax_transformer.training.checkpoint import Checkpointer
+from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
 from flax_transformer.training.tokenizer import load_tokenizer
 
 
@@ -46,8 +46,11 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         if not (workdir / name).exists():
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
     config = TransformerConfig.load(workdir / "config.json")
-    run = json.loads((workdir / "run.json").read_text())
-    kind = run.get("model", SEQ2SEQ)
+    try:
+        run = json.loads((workdir / "run.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{workdir / 'run.json'}: not readable JSON ({err})") from None
+    kind = run.get("model", SEQ2SEQ) if isinstance(run, dict) else SEQ2SEQ
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]
@@ -56,6 +59,12 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     try:
         check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
         params = checkpointer.restore_params(abstract, step)
+    except CheckpointReadError as err:
+        others = sorted(set(checkpoint_steps(workdir / "checkpoints")) - {step})
+        hint = (
+            f" (others: steps {', '.join(map(str, others))}; --checkpoint STEP)" if others else ""
+        )
+        raise CheckpointReadError(f"{err}{hint}") from None
     finally:
         checkpointer.close()
     params = jax.tree.map(np.asarray, params)
