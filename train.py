@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -44,16 +45,18 @@ class UsageError(ValueError):
 def add_option_flags(group, options_class, names, **overrides) -> None:
     """One flag per named field of an options class (training/options.py): its default, help
     and choices come from the field; `overrides` maps a name to argparse keywords to change."""
-    from flax_transformer.training.options import option_fields
+    from flax_transformer.spec.validate import Float, Int, flag_type
+    from flax_transformer.training.options import argparse_keywords, option_fields, rule_of
 
     fields = option_fields(options_class)
     for name in names:
         field = fields[name]
-        kwargs = {"default": field.default, **field.metadata}
+        kwargs = {"default": field.default, **argparse_keywords(field)}
         if field.default is not None:  # None: the help says what happens without the flag
             kwargs["help"] += " (default: %(default)s)"
-            if not isinstance(field.default, str):
-                kwargs["type"] = type(field.default)
+        rule = rule_of(field)
+        if isinstance(rule, Int | Float):  # checked as it is parsed: an argparse error, exit 2
+            kwargs["type"] = flag_type(rule, "--" + name.replace("_", "-"))
         kwargs.update(overrides.get(name, {}))
         group.add_argument("--" + name.replace("_", "-"), **kwargs)
 
@@ -88,10 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--config", help="TransformerConfig JSON file (vocab sizes come from the tokenizer)"
     )
+    from flax_transformer.spec.config import FIELD_RULES
+    from flax_transformer.spec.validate import flag_type
+
     for dest, (fields, text) in MODEL_FLAGS.items():
-        default = MODEL_DEFAULTS[fields[0]]
+        default, flag = MODEL_DEFAULTS[fields[0]], "--" + dest.replace("_", "-")
         model.add_argument(
-            "--" + dest.replace("_", "-"), type=type(default), help=f"{text} (default: {default})"
+            flag, type=flag_type(FIELD_RULES[fields[0]], flag), help=f"{text} (default: {default})"
         )
 
     train = p.add_argument_group("training")
@@ -140,11 +146,28 @@ def parse_args(argv):
         saved = default_workdir(args) / "run.json"
         if not saved.exists():
             raise UsageError(f"--resume: {saved} not found; nothing to resume in that --workdir")
+        if read_run_json(saved) is None:  # a run.json cut short by a crash (older versions)
+            print(
+                f"warning: --resume: {saved} is not readable JSON; resuming with the flags of "
+                "this command line (the model is still checked against config.json), and "
+                "run.json is written anew",
+                file=sys.stderr,
+            )
+            return args
         values = _flag_values(parser, saved, "--resume")
         values.pop("resume", None)
         parser.set_defaults(**values)
         args = parser.parse_args(argv)
     return args
+
+
+def read_run_json(path: Path) -> dict | None:
+    """A workdir's run.json, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _flag_values(parser, path, flag) -> dict:
@@ -156,10 +179,15 @@ def _flag_values(parser, path, flag) -> dict:
         data = data["args"]  # a run.json: its flags
     if not isinstance(data, dict):
         raise UsageError(f"{flag}: {path} must hold a JSON object of flag values")
+    from flax_transformer.spec.validate import run_config_problems
+
     known = {a.dest for a in parser._actions}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UsageError(f"{flag}: {path} has unknown flag(s): {', '.join(unknown)}")
+    problems = run_config_problems(parser, data)
+    if problems:  # the command line's checks, for values that bypass argparse's `type`
+        raise UsageError(f"{flag}: {path}: " + "; ".join(problems))
     return data
 
 
@@ -185,6 +213,8 @@ def check_args(args) -> None:
             raise UsageError(f"--init-from takes the run's config; do not also give {given}")
         if not (Path(args.init_from) / "run.json").exists():
             raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
+    else:  # the init run's config is checked when it is loaded
+        check_model_flags(args)
     if args.mesh:
         from flax_transformer.training.sharding import MeshError, make_mesh
 
@@ -192,6 +222,28 @@ def check_args(args) -> None:
             make_mesh(args.mesh)
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
+
+
+def check_model_flags(args) -> None:
+    """The model --config and flags give a valid TransformerConfig (checked before any data is
+    read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
+    from flax_transformer.spec.config import TransformerConfig
+    from flax_transformer.training.tokenizer import ByteTokenizer
+
+    try:
+        values = model_values(args)
+    except ValueError as err:
+        raise UsageError(f"--config: {err}") from None
+    try:
+        TransformerConfig.from_dict(
+            values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
+        )
+    except ValueError as err:
+        given = [
+            "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None
+        ]
+        source = ", ".join(given + (["--config"] if args.config else [])) or "the defaults"
+        raise UsageError(f"model flags ({source}): {err}") from None
 
 
 def options_from_args(options_class, args, **values):
@@ -229,20 +281,24 @@ def default_workdir(args) -> Path:
 
 
 def prepare_workdir(workdir: Path, resume: bool) -> None:
-    """Writable, and never a second run on top of an existing one."""
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(
-            f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
-        ) from None
+    """Writable, and never a second run on top of an existing one. Creates nothing: the
+    workdir is made once all input has been read (make_workdir)."""
+    existing = workdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = "Not a directory" if existing.exists() and not existing.is_dir() else "no access"
+        raise UsageError(f"--workdir {workdir}: not writable ({problem}: {existing})")
     checkpoints = workdir / "checkpoints"
-    has_run = (workdir / "run.json").exists() or (
-        checkpoints.exists() and any(checkpoints.iterdir())
-    )
+    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+    run_json = workdir / "run.json"
+    has_run = has_checkpoints or (run_json.exists() and read_run_json(run_json) is not None)
+    if run_json.exists() and not has_run and not resume:
+        print(
+            f"warning: {run_json} is not readable JSON and there is no checkpoint: a run that "
+            "never started; this run replaces it",
+            file=sys.stderr,
+        )
     if has_run and not resume:
         raise UsageError(
             f"--workdir {workdir} already holds a run; pass --resume to continue it, or choose "
@@ -257,6 +313,19 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- data
+def make_workdir(workdir: Path) -> None:
+    """Create the workdir (all input is read and checked by now) and probe that it takes files."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe = workdir / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(
+            f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
+        ) from None
+
+
 def load_pairs(args, data):
     """(model kind, train pairs, valid pairs) from the chosen source; `data`: DataOptions."""
     from flax_transformer.spec.kinds import LM, SEQ2SEQ
@@ -313,8 +382,9 @@ def make_tokenizer(args, data, workdir: Path, train_pairs):
     return ByteTokenizer()
 
 
-def make_config(args, tokenizer, workdir: Path):
-    from flax_transformer.spec.config import TransformerConfig, config_diff
+def model_values(args) -> dict:
+    """TransformerConfig fields from --config (or the defaults) and the model flags."""
+    from flax_transformer.spec.config import TransformerConfig
 
     values = dict(MODEL_DEFAULTS)
     if args.config:
@@ -324,6 +394,13 @@ def make_config(args, tokenizer, workdir: Path):
     for dest, (fields, _) in MODEL_FLAGS.items():
         if getattr(args, dest) is not None:
             values.update(dict.fromkeys(fields, getattr(args, dest)))
+    return values
+
+
+def make_config(args, tokenizer, workdir: Path):
+    from flax_transformer.spec.config import TransformerConfig, config_diff
+
+    values = model_values(args)
     if not args.init_from:
         values.update(
             src_vocab_size=tokenizer.vocab_size,
@@ -353,10 +430,19 @@ def main(argv=None, hooks=()) -> int:
 
     started = time.perf_counter()
     try:
-        args = parse_args(argv)
+        try:
+            args = parse_args(argv)
+        except SystemExit as exit:  # argparse printed its error (or --help)
+            if exit.code == 0:
+                raise
+            return 2
         check_args(args)
-        data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
-        options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
+            options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        for warning in caught:  # e.g. --warmup longer than --steps
+            print(f"warning: {warning.message}", file=sys.stderr)
         return run(args, data, options, hooks, started)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -367,8 +453,9 @@ def main(argv=None, hooks=()) -> int:
 
 
 def run(args, data, options, hooks, started: float) -> int:
+    from flax_transformer.spec.atomic_io import atomic_write_text
     from flax_transformer.spec.kinds import LM
-    from flax_transformer.training.data import encode_documents, encode_pairs
+    from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.loop import Job, run_training
 
     workdir = default_workdir(args)
@@ -394,14 +481,18 @@ def run(args, data, options, hooks, started: float) -> int:
             valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
-    if not args.resume:
-        config.save(workdir / "config.json")
-        tokenizer.save(workdir / "tokenizer.json")
-        carried = []
-        if args.init_from:
-            from flax_transformer.training.run import carry_files
+    for dataset in (train_set, valid_set):
+        check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
+    make_workdir(workdir)  # the first write: every input has been read and checked
+    carried = []
+    if not args.resume or read_run_json(workdir / "run.json") is None:
+        if not args.resume:
+            config.save(workdir / "config.json")
+            tokenizer.save(workdir / "tokenizer.json")
+            if args.init_from:
+                from flax_transformer.training.run import carry_files
 
-            carried = carry_files(args.init_from, workdir)
+                carried = carry_files(args.init_from, workdir)
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,
@@ -410,7 +501,7 @@ def run(args, data, options, hooks, started: float) -> int:
             "valid_examples": len(valid_set),
             **({"carry": carried} if carried else {}),
         }
-        (workdir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
+        atomic_write_text(workdir / "run.json", json.dumps(run_info, indent=2) + "\n")
     print(
         f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
         f"{config.num_decoder_layers} layers, {len(train_set)} training / {len(valid_set)} "
@@ -420,7 +511,9 @@ def run(args, data, options, hooks, started: float) -> int:
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
     results = run_training(job, hooks)
     results["wall_time_s"] = time.perf_counter() - started
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     print_summary(results, workdir)
     return 0
 

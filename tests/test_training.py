@@ -170,10 +170,10 @@ def test_lm_train_step():
 def test_options_reject_values_out_of_range_naming_the_field():
     assert TrainOptions().steps > 0  # the defaults are valid
     for bad, field, problem in (
-        ({"steps": 0}, "steps", "must be > 0, got 0"),
-        ({"lr": -1.0}, "lr", "must be > 0, got -1.0"),
-        ({"clip_norm": -0.5}, "clip_norm", "must be >= 0, got -0.5"),
-        ({"label_smoothing": 1.0}, "label_smoothing", "must be in [0, 1), got 1.0"),
+        ({"steps": 0}, "steps", "must be a positive int, got 0"),
+        ({"lr": -1.0}, "lr", "must be a finite number > 0, got -1.0"),
+        ({"clip_norm": -0.5}, "clip_norm", "must be a finite number >= 0, got -0.5"),
+        ({"label_smoothing": 1.0}, "label_smoothing", "must be a finite number in [0, 1), got 1.0"),
         ({"schedule": "linear"}, "schedule", "must be one of ('inverse_sqrt', 'cosine')"),
     ):
         with pytest.raises(OptionError) as error:

@@ -82,6 +82,11 @@ def generate(
     if isinstance(strategy, Sample):
         if rng is None:
             raise ValueError("Sample needs rng, a jax.random.key: same key, same output")
+        vocab = model.config.tgt_vocab_size
+        if isinstance(strategy.top_k, int) and strategy.top_k > vocab:
+            raise ValueError(
+                f"Sample top_k {strategy.top_k} is larger than the vocabulary ({vocab})"
+            )
     else:
         rng = None  # only sampling draws
     prompts, source = decoder_inputs(

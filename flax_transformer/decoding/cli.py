@@ -10,9 +10,12 @@ last|best|STEP chooses. A seq2seq run translates each line; a language-model run
 default, beam search with --beam N, sampling with --sample. Newlines inside a generated text are
 written as the two characters \\n so that the output stays line-aligned.
 
-Bad input lines (empty, or too long for the model's max_len) are reported on stderr with their
-line number and produce an empty output line; the exit status is then 1. A workdir that is not a
-finished train.py run (no config, tokenizer or checkpoint) is an error (exit status 2).
+Bad input lines (empty, not valid UTF-8, or too long for the model's max_len) are reported on
+stderr with their line number and produce an empty output line; the exit status is then 1. A
+leading UTF-8 byte-order mark is dropped. Flag values out of range (e.g. --top-p 0, --top-k
+larger than the vocabulary) and a workdir that is not a finished train.py run (no config,
+tokenizer or checkpoint, or a config that does not match the checkpoint) are errors (exit
+status 2).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.spec.kinds import LM
+from flax_transformer.spec.text_lines import LineDecodeError, decode_line, split_lines
+from flax_transformer.spec.validate import SEED, Float, Int, flag_type
 
 BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
 
@@ -34,6 +39,8 @@ class InputError(ValueError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from flax_transformer.decoding.strategies import BEAM_RULES, SAMPLE_RULES
+
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.generate",
         description="Translate / continue lines of text with a train.py run.",
@@ -42,18 +49,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--input", type=Path, help="input file, one text per line (default: stdin)")
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=flag_type(Int(min=1), "--max-new-tokens"),
         help="tokens to generate at most (default: as many as max_len allows)",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="lines decoded together")
+    parser.add_argument(
+        "--batch-size",
+        type=flag_type(Int(min=1), "--batch-size"),
+        default=32,
+        help="lines decoded together",
+    )
     search = parser.add_mutually_exclusive_group()
-    search.add_argument("--beam", type=int, metavar="N", help="beam search with N beams")
+    search.add_argument(
+        "--beam", type=flag_type(BEAM_RULES["size"], "--beam"), metavar="N", help="beam search "
+        "with N beams",
+    )  # fmt: skip
     search.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty exponent")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    parser.add_argument("--top-k", type=int, default=0, help="sample from the k best (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1: all)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
+    parser.add_argument(
+        "--alpha", type=flag_type(BEAM_RULES["alpha"], "--alpha"), default=0.6,
+        help="beam length penalty exponent",
+    )  # fmt: skip
+    # Sampling at temperature 0 is greedy decoding: leave out --sample for that.
+    parser.add_argument(
+        "--temperature", type=flag_type(Float(gt=0.0), "--temperature"), default=1.0,
+        help="sampling temperature (> 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-k", type=flag_type(SAMPLE_RULES["top_k"], "--top-k"), default=0,
+        help="sample from the k best (0: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-p", type=flag_type(SAMPLE_RULES["top_p"], "--top-p"), default=1.0,
+        help="nucleus mass (1: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=flag_type(SEED, "--seed"), default=0, help="sampling PRNG seed"
+    )
     parser.add_argument("--echo", action="store_true", help="LM runs: print prompt + output")
     parser.add_argument(
         "--checkpoint",
@@ -64,12 +94,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
         parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
-    if args.beam is not None and args.beam < 1:
-        parser.error("--beam must be >= 1")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        parser.error("--max-new-tokens must be >= 1")
     sampling_flags = args.temperature != 1.0 or args.top_k != 0 or args.top_p != 1.0
     if sampling_flags and not args.sample:
         parser.error("--temperature/--top-k/--top-p need --sample")
@@ -91,13 +115,17 @@ def strategy_of(args: argparse.Namespace):
     return Greedy()
 
 
-def read_lines(path: Path | None) -> list[str]:
+def read_lines(path: Path | None) -> list[bytes]:
+    """Raw input lines (stdin or --input), a leading BOM dropped; each is decoded on its own
+    (`Generator.encode`), so an invalid line is reported and the others still decoded."""
     if path is None:
-        return [line.rstrip("\r\n") for line in sys.stdin]
+        stdin = sys.stdin
+        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+        return split_lines(data)
     try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise SystemExit(f"error: cannot read --input {path}: {err}") from None
+        return split_lines(path.read_bytes())
+    except OSError as err:
+        raise SystemExit(f"error: cannot read --input {path}: {err.strerror or err}") from None
 
 
 class Generator:
@@ -110,7 +138,12 @@ class Generator:
         self.max_len = self.config.max_len
 
     # ---- text -> tokens
-    def encode(self, line: str, number: int) -> list[int]:
+    def encode(self, line: str | bytes, number: int) -> list[int]:
+        if isinstance(line, bytes):
+            try:
+                line = decode_line(line)
+            except LineDecodeError as err:
+                raise InputError(f"line {number}: {err}") from None
         if not line.strip():
             raise InputError(f"line {number}: empty input")
         tok = self.tokenizer
@@ -130,6 +163,12 @@ class Generator:
                     f"line {number}: the input is {len(ids)} tokens (with EOS), longer than the "
                     f"model's max_len {self.max_len}"
                 )
+        vocab = self.config.tgt_vocab_size if self.is_lm else self.config.src_vocab_size
+        if max(ids) >= vocab or min(ids) < 0:
+            raise InputError(
+                f"line {number}: the tokenizer gives id {max(ids)}, outside the model's "
+                f"vocabulary [0, {vocab}) (tokenizer.json and config.json disagree)"
+            )
         return ids
 
     # ---- tokens -> tokens
@@ -170,7 +209,7 @@ class Generator:
             ids = ids[: ids.index(self.tokenizer.eos_id)]
         out = self.tokenizer.decode(ids)
         if self.is_lm and self.args.echo:
-            out = prompt + out
+            out = (prompt.decode("utf-8") if isinstance(prompt, bytes) else prompt) + out
         return out.replace("\r", "\\r").replace("\n", "\\n")
 
 
@@ -195,6 +234,21 @@ def generate(lines: Iterable[str], generator: Generator, batch_size: int) -> tup
     return outputs, errors
 
 
+def check_flags_against_model(args: argparse.Namespace, config) -> str | None:
+    """What only the loaded model can tell about the flags (None: nothing wrong)."""
+    if args.max_new_tokens is not None and args.max_new_tokens > config.max_len:
+        return (
+            f"--max-new-tokens {args.max_new_tokens} is longer than the model's max_len "
+            f"{config.max_len}"
+        )
+    if args.sample and args.top_k > config.tgt_vocab_size:
+        return (
+            f"--top-k {args.top_k} is larger than the model's vocabulary "
+            f"({config.tgt_vocab_size} tokens)"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.workdir.is_dir():
@@ -208,12 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
         return 2
     generator = Generator(run, args)
-    if args.max_new_tokens is not None and args.max_new_tokens > generator.max_len:
-        print(
-            f"error: --max-new-tokens {args.max_new_tokens} is longer than the model's "
-            f"max_len {generator.max_len}",
-            file=sys.stderr,
-        )
+    problem = check_flags_against_model(args, run.config)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     outputs, errors = generate(read_lines(args.input), generator, args.batch_size)
     for message in errors:

@@ -16,6 +16,7 @@ from flax import struct
 
 from flax_transformer.nn.attention import make_padding_mask
 from flax_transformer.nn.kinds import is_lm
+from flax_transformer.nn.token_ids import check_token_ids
 
 
 @struct.dataclass
@@ -63,6 +64,11 @@ def seq2seq_inputs(model, src, src_mask, max_new_tokens: int, bos_id: int | None
         raise ValueError(f"src must be (batch, length) integer token ids, got {src.shape}")
     if src.shape[1] > cfg.max_len:
         raise ValueError(f"src has length {src.shape[1]}, longer than max_len {cfg.max_len}")
+    check_token_ids("src", src, cfg.src_vocab_size)
+    if not 0 <= bos_id < cfg.tgt_vocab_size:
+        raise ValueError(
+            f"bos_id {bos_id} is outside the target vocabulary [0, {cfg.tgt_vocab_size})"
+        )
     if max_new_tokens > cfg.max_len:
         raise ValueError(f"max_new_tokens {max_new_tokens} is longer than max_len {cfg.max_len}")
     batch = src.shape[0]
@@ -90,6 +96,7 @@ def lm_inputs(model, prompts, lengths, max_new_tokens: int) -> Prompts:
     prompts = np.asarray(prompts)
     if prompts.ndim != 2 or not np.issubdtype(prompts.dtype, np.integer):
         raise ValueError(f"prompts must be (batch, length) integer token ids, got {prompts.shape}")
+    check_token_ids("prompts", prompts, cfg.tgt_vocab_size)
     if lengths is None:
         lengths = (prompts != cfg.pad_id).sum(axis=1)  # right-padded prompts
     lengths = np.asarray(lengths, dtype=np.int32)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
+
+from flax_transformer.spec.validate import Float, Int, field_problems
 
 
 def _pytree(*numbers: str, static: tuple[str, ...] = ()):
@@ -34,8 +35,19 @@ def _pytree(*numbers: str, static: tuple[str, ...] = ()):
     return register
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+# The strategies' numbers (spec/validate.py rules; the generate CLI checks its flags with them).
+SAMPLE_RULES = {
+    "temperature": Float(ge=0.0, why="(0 = greedy)"),
+    "top_k": Int(min=0, why="(0 = off)"),
+    "top_p": Float(gt=0.0, le=1.0, why="(1 = off)"),
+}
+BEAM_RULES = {"size": Int(min=1), "alpha": Float(ge=0.0, why="(the length penalty exponent)")}
+
+
+def _check(strategy, rules, prefix: str = "") -> None:
+    problems = field_problems(strategy, rules)
+    if problems:
+        raise ValueError(prefix + "; ".join(problems))
 
 
 @_pytree()
@@ -56,12 +68,7 @@ class Sample:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be a non-negative int (0 = off), got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        _check(self, SAMPLE_RULES)
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_k", int(self.top_k))
         object.__setattr__(self, "top_p", float(self.top_p))
@@ -77,10 +84,7 @@ class Beam:
     alpha: float = 0.6
 
     def __post_init__(self):
-        if not _is_int(self.size) or self.size < 1:
-            raise ValueError(f"Beam size must be a positive int, got {self.size!r}")
-        if not self.alpha >= 0.0:
-            raise ValueError(f"alpha (length penalty) must be >= 0, got {self.alpha}")
+        _check(self, BEAM_RULES, "Beam ")
         object.__setattr__(self, "size", int(self.size))
         object.__setattr__(self, "alpha", float(self.alpha))
 

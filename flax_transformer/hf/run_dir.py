@@ -20,6 +20,7 @@ import numpy as np
 from flax_transformer.hf.model import HFModel, load, save
 from flax_transformer.interop.hf_checkpoint import read_json
 from flax_transformer.interop.hf_config import hf_to_config
+from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import config_diff
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.checkpoint import Checkpointer
@@ -60,14 +61,14 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
     )
     tokenizer.save(run_dir / "tokenizer.json")
     carry = [HF_CONFIG]
-    (run_dir / HF_CONFIG).write_text(json.dumps(model.hf_config, indent=2) + "\n")
+    atomic_write_text(run_dir / HF_CONFIG, json.dumps(model.hf_config, indent=2) + "\n")
     if model.generation_config:
         carry.append(HF_GENERATION_CONFIG)
         text = json.dumps(model.generation_config, indent=2) + "\n"
-        (run_dir / HF_GENERATION_CONFIG).write_text(text)
+        atomic_write_text(run_dir / HF_GENERATION_CONFIG, text)
     run_info = {"model": kind, "tokenizer": tokenizer.kind, "args": {}, "carry": carry}
     run_info["imported_from"] = str(hf_dir)
-    (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
+    atomic_write_text(run_dir / "run.json", json.dumps(run_info, indent=2) + "\n")
     checkpointer = Checkpointer(run_dir / "checkpoints")
     try:
         state = TrainState(

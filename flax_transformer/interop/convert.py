@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer.spec.atomic_io import OutputPathError, atomic_path, check_output_path
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import MODEL_KINDS, SEQ2SEQ, infer_model_kind
 from flax_transformer.spec.naming import (
@@ -33,6 +34,7 @@ from flax_transformer.spec.naming import (
     unflatten_params,
 )
 from flax_transformer.spec.tree_check import ConversionError, check_tree
+from flax_transformer.spec.validate import check_weights
 
 FORMAT_FLAX, FORMAT_TORCH = "flax", "torch"
 
@@ -68,6 +70,7 @@ def torch_state_to_params(
     }
     found = {key: tuple(np.shape(value)) for key, value in state.items()}
     check_tree(found, torch_shapes, where)
+    check_weights(state, where, allow_nonfinite=True)  # the dtypes; file loaders check values
     flat = {
         path: np.array(convert_layout(path, np.asarray(state[flax_path_to_torch_key(path)])))
         for path in expected
@@ -129,7 +132,9 @@ def save_safetensors(
     from safetensors.numpy import save_file
 
     metadata = {"format": fmt, "model": model, "config": config.to_json()}
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata)
+    check_output_path(path)
+    with atomic_path(path) as tmp:  # a crash mid-write leaves the old file, never half a file
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata)
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -168,13 +173,21 @@ def _config_from_metadata(path, metadata) -> TransformerConfig | None:
         raise ConversionError(f"{path}: config in the file's metadata is invalid: {err}") from None
 
 
-def load_weights(path, config: TransformerConfig | None = None, model: str | None = None):
+def load_weights(
+    path,
+    config: TransformerConfig | None = None,
+    model: str | None = None,
+    *,
+    allow_nonfinite: bool = False,
+):
     """Read a weight file of either framework. Returns (format, tensors, config, model).
 
     `tensors` is {torch key: array} for the torch format and {flax path 'a/b/kernel': array}
     for the Flax format. `.pt`/`.pth` files are torch state_dicts loaded with
     weights_only=True (checkpoints are untrusted input); they carry no config, so one must
-    be given. A config given here must equal the file's own, if it has one.
+    be given. A config given here must equal the file's own, if it has one. Every tensor must
+    be floating point and finite (unless `allow_nonfinite`); one ConversionError names the bad
+    ones.
     """
     path = Path(path)
     if not path.exists():
@@ -186,6 +199,7 @@ def load_weights(path, config: TransformerConfig | None = None, model: str | Non
         fmt = metadata.get("format") or (
             FORMAT_FLAX if any("/" in k for k in tensors) else FORMAT_TORCH
         )
+    check_weights(tensors, str(path), allow_nonfinite=allow_nonfinite)
     file_config = _config_from_metadata(path, metadata)
     if config is not None and file_config is not None and config != file_config:
         diff = config_diff(config, file_config)
@@ -216,19 +230,36 @@ def load_torch_pickle(path: Path) -> dict[str, np.ndarray]:
     return {k: tensor_to_numpy(v) for k, v in obj.items()}
 
 
-def load_flax_params(path, config: TransformerConfig | None = None, model: str | None = None):
+def load_flax_params(
+    path,
+    config: TransformerConfig | None = None,
+    model: str | None = None,
+    *,
+    allow_nonfinite: bool = False,
+):
     """Any weight file -> (Flax params, config, model), converting from torch if needed."""
-    fmt, tensors, config, model = load_weights(path, config, model)
+    fmt, tensors, config, model = load_weights(path, config, model, allow_nonfinite=allow_nonfinite)
     if fmt == FORMAT_TORCH:
         return torch_state_to_flax(tensors, config, model), config, model
+    return _flax_file_params(tensors, config, model), config, model
+
+
+def _flax_file_params(tensors, config: TransformerConfig, model: str) -> dict[str, Any]:
+    """A Flax file's {'a/b/kernel': array} as the checked params tree {'params': ...}."""
     params = {"params": unflatten_params({tuple(k.split("/")): v for k, v in tensors.items()})}
     check_flax_params(params, config, model)
-    return params, config, model
+    return params
 
 
-def load_torch_state(path, config: TransformerConfig | None = None, model: str | None = None):
+def load_torch_state(
+    path,
+    config: TransformerConfig | None = None,
+    model: str | None = None,
+    *,
+    allow_nonfinite: bool = False,
+):
     """Any weight file -> ({torch key: array}, config, model), strictly checked."""
-    params, config, model = load_flax_params(path, config, model)
+    params, config, model = load_flax_params(path, config, model, allow_nonfinite=allow_nonfinite)
     return flax_to_torch_state(params), config, model
 
 
@@ -243,15 +274,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="where to write the converted .safetensors file")
     parser.add_argument("--config", help="TransformerConfig JSON (needed for .pt input)")
     parser.add_argument("--model", choices=MODEL_KINDS, help="default: from the file / its keys")
+    parser.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="convert weights holding nan/inf (refused by default: such a model computes nan)",
+    )
     args = parser.parse_args(argv)
+    try:  # before reading anything: the output's directory exists and the output is no input
+        check_output_path(args.output, inputs=(args.input,))
+    except OutputPathError as err:
+        parser.error(str(err))
     try:
         config = TransformerConfig.load(args.config) if args.config else None
-        fmt, _, config, model = load_weights(args.input, config, args.model)
-        params, config, model = load_flax_params(args.input, config, model)
+        fmt, tensors, config, model = load_weights(
+            args.input, config, args.model, allow_nonfinite=args.allow_nonfinite
+        )
         if fmt == FORMAT_TORCH:
+            params = torch_state_to_flax(tensors, config, model)
             save_flax_params(args.output, params, config, model)
             direction = "torch -> flax"
         else:
+            params = _flax_file_params(tensors, config, model)
             save_torch_state(args.output, flax_to_torch_state(params), config, model)
             direction = "flax -> torch"
     except (ConversionError, ValueError, OSError) as err:

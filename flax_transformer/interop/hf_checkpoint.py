@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.interop.convert import load_safetensors, load_torch_pickle
+from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.tree_check import ConversionError
 
 SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = (
@@ -100,12 +101,12 @@ def write_hf_dir(
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
     save_file(tensors, str(path / SAFETENSORS), metadata={"format": "pt"})
     if generation_config:
         text = json.dumps(generation_config, indent=2, sort_keys=True) + "\n"
-        (path / "generation_config.json").write_text(text)
+        atomic_write_text(path / "generation_config.json", text)
     if tokenizer_from is not None:
         copy_tokenizer_files(tokenizer_from, path)
     return path

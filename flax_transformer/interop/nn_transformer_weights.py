@@ -31,6 +31,7 @@ from flax_transformer.spec.naming import (
     unflatten_params,
 )
 from flax_transformer.spec.tree_check import ConversionError, check_tree
+from flax_transformer.spec.validate import check_weights
 
 __all__ = [
     "ConversionError",
@@ -107,7 +108,9 @@ def load_nn_transformer_state(
     layout = nn_state_layout(expected_param_shapes(module))
     found = {key: tuple(np.shape(value)) for key, value in state.items()}
     expected = {key: shape for key, (shape, _) in layout.items()}
-    check_tree(found, expected, f"torch.nn state -> {type(module).__name__} params")
+    where = f"torch.nn state -> {type(module).__name__} params"
+    check_tree(found, expected, where)
+    check_weights({key: state[key] for key in expected}, where, allow_nonfinite=True)
     flat = {}
     for key, (_, parts) in layout.items():
         array = np.asarray(state[key])

@@ -22,11 +22,13 @@ from flax_transformer.nn.layers import (
     layer_norm,
     with_axes,
 )
+from flax_transformer.nn.token_ids import check_same_batch, check_token_ids
 from flax_transformer.spec.config import TransformerConfig
 
 
-def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
-    """Shape checks that run at trace time, so bad input fails here and not deep inside XLA."""
+def check_tokens(name: str, tokens: jax.Array, max_len: int, vocab: int | None = None) -> None:
+    """Shape checks that run at trace time, so bad input fails here and not deep inside XLA;
+    outside jit (concrete values) the ids are checked against `vocab` too (token_ids.py)."""
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be (batch, length) token ids, got shape {tokens.shape}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -35,6 +37,8 @@ def check_tokens(name: str, tokens: jax.Array, max_len: int) -> None:
         raise ValueError(
             f"{name} has length {tokens.shape[1]}, longer than the model's max_len {max_len}"
         )
+    if vocab is not None:
+        check_token_ids(name, tokens, vocab)
 
 
 def check_mask(name: str, mask: jax.Array | None, target: tuple[int, ...]) -> None:
@@ -225,8 +229,11 @@ class Transformer(_EmbeddingsMixin, nn.Module):
             self.lm_head = _lm_head(cfg)
 
     def __call__(self, src, tgt, *, src_mask=None, tgt_mask=None, deterministic: bool = True):
+        if np.ndim(src) == 2 and np.ndim(tgt) == 2:  # other ranks: check_tokens names them
+            check_same_batch(src=src, tgt=tgt)
+            check_tokens("tgt", tgt, self.config.max_len, self.config.tgt_vocab_size)  # before work
         if src_mask is None:
-            check_tokens("src", src, self.config.max_len)
+            check_tokens("src", src, self.config.max_len, self.config.src_vocab_size)
             src_mask = make_padding_mask(src, self.config.pad_id)
         encoded = self.encode(src, src_mask=src_mask, deterministic=deterministic)
         return self.decode(
@@ -236,7 +243,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
     def encode(self, src, *, src_mask=None, deterministic: bool = True):
         """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real."""
         cfg = self.config
-        check_tokens("src", src, cfg.max_len)
+        check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
         if src_mask is None:
             src_mask = make_padding_mask(src, cfg.pad_id)
         check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
@@ -261,13 +268,14 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         the cache positions (batch, 1, tgt_len, max_len) and defaults to causal-over-cache.
         """
         cfg = self.config
-        check_tokens("tgt", tgt, cfg.max_len)
+        check_tokens("tgt", tgt, cfg.max_len, cfg.tgt_vocab_size)
         batch, tgt_len = tgt.shape
         if not decode and tgt_mask is None:
             tgt_mask = default_target_mask(tgt, cfg)
         if not decode:
             check_mask("tgt_mask", tgt_mask, (batch, cfg.num_heads, tgt_len, tgt_len))
         if encoded is not None:
+            check_same_batch(encoded=encoded, tgt=tgt)
             src_len = encoded.shape[1]
             check_mask("src_mask", src_mask, (batch, cfg.num_heads, tgt_len, src_len))
             if (
@@ -319,7 +327,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         causal-over-cache. positions (batch, len): each token's position (left-padded prompts,
         as transformers' position_ids); default: 0.. (continuing from the cache)."""
         cfg = self.config
-        check_tokens("tokens", tokens, cfg.max_len)
+        check_tokens("tokens", tokens, cfg.max_len, cfg.tgt_vocab_size)
         batch, length = tokens.shape
         if not decode and mask is None:
             mask = default_target_mask(tokens, cfg)

@@ -31,7 +31,9 @@ from flax_transformer.parity.inputs import (
     make_batch,
 )
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport
+from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import TransformerConfig, config_diff
+from flax_transformer.spec.validate import SEED, Float, Int, flag_type
 
 WORKDIR_WEIGHTS = ("flax_params.safetensors", "torch_model.safetensors")
 
@@ -143,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tol",
-        type=float,
+        type=flag_type(Float(gt=0), "--tol"),
         help="relative tolerance (max abs error / max |torch value|); default "
         + ", ".join(f"{k} {DEFAULT_TOLERANCES[k]:.0e}" for k in RUN_DTYPES),
     )
@@ -165,10 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seq2seq target text per --input (default: the input text)",
     )
     parser.add_argument("--tokenizer", help="tokenizer.json for --input (default: a workdir's)")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--src-len", type=int, default=16)
-    parser.add_argument("--tgt-len", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    for flag, default in (("--batch-size", 4), ("--src-len", 16), ("--tgt-len", 12)):
+        parser.add_argument(flag, type=flag_type(Int(min=1), flag), default=default)
+    parser.add_argument("--seed", type=flag_type(SEED, "--seed"), default=0)
     parser.add_argument(
         "--include-masked",
         action="store_true",
@@ -190,8 +191,6 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
     a = load_source(args.a, config, args.model)
     b = load_source(args.b, config, args.model)
     diffs = check_compatible(a, b, args.allow_config_diff)
-    if args.batch_size < 1 or args.src_len < 1 or args.tgt_len < 1:
-        raise ParityInputError("--batch-size, --src-len and --tgt-len must be >= 1")
     if args.target and not args.input:
         raise ParityInputError("--target needs --input")
     if args.input:
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.format_table())
         if args.json:
-            Path(args.json).write_text(report.to_json() + "\n")
+            atomic_write_text(args.json, report.to_json() + "\n")
     return 0 if report.ok else 1
 
 

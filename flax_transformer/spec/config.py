@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
+
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITIONALS = ("sinusoidal", "learned")
@@ -68,86 +71,30 @@ class TransformerConfig:
     decoder_start_id: int | None = None
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in (
-            "src_vocab_size",
-            "tgt_vocab_size",
-            "d_model",
-            "num_heads",
-            "d_ff",
-            "max_len",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                problems.append(f"{name} must be a positive int, got {value!r}")
-        for name in ("num_encoder_layers", "num_decoder_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                problems.append(f"{name} must be a non-negative int, got {value!r}")
-        if not problems and self.d_model % self.num_heads:
+        problems = field_problems(self, FIELD_RULES)
+        checked = not any(p.split()[0] in ("d_model", "num_heads") for p in problems)
+        if checked and self.d_model % self.num_heads:
             problems.append(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
             )
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                problems.append(f"{name} must be in [0, 1), got {value!r}")
-        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
-            problems.append(f"layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
-        if not isinstance(self.use_bias, bool):
-            problems.append(f"use_bias must be a bool, got {self.use_bias!r}")
-        if self.activation not in ACTIVATIONS:
-            problems.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.positional not in POSITIONALS:
-            problems.append(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
-        if self.attention_impl not in ATTENTION_IMPLS:
-            problems.append(
-                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
-            )
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in DTYPES:
-                problems.append(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             problems.append(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}"
             )
-        if not problems and not (
-            isinstance(self.pad_id, int)
-            and 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size)
-        ):
+        if not problems and not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             problems.append(
                 f"pad_id must be a token id inside both vocabularies, got {self.pad_id!r}"
             )
-        problems += self._switch_problems()
+        vocab = self.tgt_vocab_size if not problems else None
+        for name in ("bos_id", "eos_id", "decoder_start_id"):
+            value = getattr(self, name)
+            if vocab is not None and value is not None and not value < vocab:
+                problems.append(
+                    f"{name} must be a token id inside the target vocabulary, got {value!r}"
+                )
         if problems:
             raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
-
-    def _switch_problems(self) -> list[str]:
-        """The checks of the fields after attention_impl: (fields, test, what it must be)."""
-        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        vocab = self.tgt_vocab_size if is_int(self.tgt_vocab_size) else 0
-        token_id = lambda v: v is None or (is_int(v) and 0 <= v < vocab)  # noqa: E731
-        bools = ("embed_norm", "separate_positions", "lm_head_bias", "final_logits_bias")
-        bools += ("mask_target_padding",)
-        rate = lambda v: v is None or (isinstance(v, (int, float)) and 0.0 <= v < 1.0)  # noqa: E731
-        rules = [
-            (("sinusoid_layout",), lambda v: v in SINUSOID_LAYOUTS, f"one of {SINUSOID_LAYOUTS}"),
-            (("position_offset",), lambda v: is_int(v) and v >= 0, "a non-negative int"),
-            (bools, lambda v: isinstance(v, bool), "a bool"),
-            (("activation_dropout_rate",), rate, "None or in [0, 1)"),
-            (
-                ("bos_id", "eos_id", "decoder_start_id"),
-                token_id,
-                "None or a token id inside the target vocabulary",
-            ),
-        ]
-        return [
-            f"{name} must be {wanted}, got {getattr(self, name)!r}"
-            for names, ok, wanted in rules
-            for name in names
-            if not ok(getattr(self, name))
-        ]
 
     @property
     def head_dim(self) -> int:
@@ -181,7 +128,7 @@ class TransformerConfig:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        atomic_write_text(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> TransformerConfig:
@@ -193,6 +140,48 @@ class TransformerConfig:
             return cls.from_json(text)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+
+
+# ----------------------------------------------------------------------------- validation
+# Every field's type and range, checked in __post_init__ (cross-field rules are there too).
+# A new field adds one line here; tests/test_bad_input_values.py fails for a field without one.
+FIELD_RULES = {
+    "src_vocab_size": Int(min=1),
+    "tgt_vocab_size": Int(min=1),
+    "d_model": Int(min=1),
+    "num_heads": Int(min=1),
+    "num_encoder_layers": Int(min=0),
+    "num_decoder_layers": Int(min=0),
+    "d_ff": Int(min=1),
+    "dropout_rate": Float(ge=0.0, lt=1.0),
+    "attention_dropout_rate": Float(ge=0.0, lt=1.0),
+    "max_len": Int(min=1),
+    "norm_first": Bool(),
+    "final_norm": Bool(),
+    "activation": Choice(ACTIVATIONS),
+    "layer_norm_eps": Float(gt=0.0),
+    "scale_embeddings": Bool(),
+    "share_embeddings": Bool(),
+    "tie_output": Bool(),
+    "positional": Choice(POSITIONALS),
+    "pad_id": Int(min=0),
+    "dtype": Choice(DTYPES),
+    "param_dtype": Choice(DTYPES),
+    "remat": Bool(),
+    "use_bias": Bool(),
+    "attention_impl": Choice(ATTENTION_IMPLS),
+    "sinusoid_layout": Choice(SINUSOID_LAYOUTS),
+    "position_offset": Int(min=0),
+    "embed_norm": Bool(),
+    "separate_positions": Bool(),
+    "activation_dropout_rate": Float(ge=0.0, lt=1.0, optional=True),
+    "lm_head_bias": Bool(),
+    "final_logits_bias": Bool(),
+    "mask_target_padding": Bool(),
+    "bos_id": Int(min=0, optional=True),
+    "eos_id": Int(min=0, optional=True),
+    "decoder_start_id": Int(min=0, optional=True),
+}
 
 
 def config_diff(

@@ -5,10 +5,17 @@ step, rng, loader position). Orbax writes into a temporary directory and renames
 complete, so a run killed mid-save leaves the previous checkpoints intact; `max_to_keep` prunes
 old ones. Arrays are copied to host memory before an (asynchronous) save, because the train
 step donates, and so overwrites, the device buffers of the state.
+
+Failures are one exception each, with a message, never a wall of Orbax tracebacks: a save that
+cannot be written is a `CheckpointWriteError` (the directory is probed before Orbax starts), a
+checkpoint that cannot be read a `CheckpointReadError` naming the step and what is damaged
+(checkpoint_files.py); `restore_newest` falls back to older checkpoints and deletes nothing.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +23,30 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer.training.checkpoint_files import damage, record_files, short_error
 from flax_transformer.training.state import TrainState
 
 ITEMS = ("params", "opt_state", "meta")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; `step` is the one lost."""
+
+    def __init__(self, message: str, step: int | None):
+        super().__init__(message)
+        self.step = step
+
+
+class CheckpointReadError(ValueError):
+    """A checkpoint could not be restored; the message names the step and the damage."""
+
+
+def _probe_writable(directory: Path) -> None:
+    """Raise OSError unless a file can be created (and removed) in `directory`."""
+    probe = directory / f".write_probe_{uuid.uuid4().hex}"
+    fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_EXCL)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _host_copy(tree):
@@ -28,6 +56,8 @@ def _host_copy(tree):
 class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
         self.directory = Path(directory).absolute()
+        self._pending: int | None = None  # the step of a save that may still be in flight
+        self._failed = False
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=create, cleanup_tmp_directories=True
         )
@@ -52,32 +82,59 @@ class Checkpointer:
     ) -> int:
         """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`."""
         step = int(state.step)
+        self.wait()  # the previous save is complete (or its failure reported) first
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _probe_writable(self.directory)
+        except OSError as err:
+            self._failed = True
+            raise CheckpointWriteError(
+                f"cannot write checkpoint step {step} into {self.directory} "
+                f"({err.strerror or err})",
+                step,
+            ) from None
         meta = {
             "step": step,
             "rng": np.asarray(state.rng).tolist(),
             "loader": loader_state or {},
             "extra": extra or {},
         }
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardSave(_host_copy(state.params)),
-                opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
-                meta=ocp.args.JsonSave(meta),
-            ),
-        )
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(_host_copy(state.params)),
+                    opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+            )
+        except Exception as err:  # Orbax raises many types; the message is what matters
+            self._failed = True
+            raise CheckpointWriteError(
+                f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
+                step,
+            ) from None
+        self._pending = step
         return step
+
+    def _restore(self, step: int, **items):
+        """Orbax's restore of `items`; a failure is a CheckpointReadError saying what is wrong."""
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as err:  # Orbax / tensorstore raise many types
+            why = damage(self.directory / str(step)) or short_error(err)
+            raise CheckpointReadError(
+                f"checkpoint step {step} in {self.directory} cannot be restored: {why}"
+            ) from None
 
     def restore(self, abstract_state: TrainState, step: int | None = None):
         """(TrainState, loader position) of `step` (default: the latest)."""
         step = self.latest_step() if step is None else step
-        restored = self.manager.restore(
+        restored = self._restore(
             step,
-            args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_state.params),
-                opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
-                meta=ocp.args.JsonRestore(),
-            ),
+            params=ocp.args.StandardRestore(abstract_state.params),
+            opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+            meta=ocp.args.JsonRestore(),
         )
         meta = restored["meta"]
         rng_dtype = abstract_state.rng.dtype
@@ -89,11 +146,37 @@ class Checkpointer:
         )
         return state, meta["loader"]
 
+    def restore_newest(self, abstract_state: TrainState, set_aside: Path):
+        """(TrainState, loader position, skipped) from the newest checkpoint that restores.
+
+        `skipped` lists (step, why) for the newer ones that did not; each is moved, not
+        deleted, into `set_aside`/<step> (so the resumed run can save that step again)."""
+        skipped = []
+        for step in sorted(self.steps(), reverse=True):
+            try:
+                state, loader = self.restore(abstract_state, step)
+            except CheckpointReadError as err:
+                skipped.append((step, str(err)))
+                continue
+            for bad_step, _ in skipped:
+                set_aside.mkdir(parents=True, exist_ok=True)
+                os.replace(self.directory / str(bad_step), set_aside / str(bad_step))
+            if skipped:
+                self.manager.reload()
+            return state, loader, skipped
+        reasons = "; ".join(why for _, why in skipped) or "there is none"
+        raise CheckpointReadError(f"no checkpoint in {self.directory} can be restored: {reasons}")
+
     def meta(self, step: int | None = None) -> dict[str, Any]:
         """The meta item of `step` (default: the latest): step, rng, loader, extra."""
         step = self.latest_step() if step is None else step
-        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return restored["meta"]
+        return self._restore(step, meta=ocp.args.JsonRestore())["meta"]
+
+    def finished_steps(self) -> list[int]:
+        """The step directories on disk (Orbax renames a save into place when it is complete)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
     def steps(self) -> list[int]:
         return list(self.manager.all_steps())
@@ -103,14 +186,43 @@ class Checkpointer:
 
     def restore_params(self, abstract_params: Any, step: int | None = None):
         step = self.latest_step() if step is None else step
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-        )
-        return restored["params"]
+        return self._restore(step, params=ocp.args.StandardRestore(abstract_params))["params"]
+
+    def param_shapes(self, step: int) -> dict[tuple[str, ...], tuple[int, ...]]:
+        """{Flax path: shape} of the params saved at `step`, read from Orbax's metadata (no
+        array is loaded)."""
+        try:
+            tree = self.manager.item_metadata(step)["params"]
+            leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        except Exception as err:
+            why = damage(self.directory / str(step)) or short_error(err)
+            raise CheckpointReadError(
+                f"checkpoint step {step} in {self.directory} cannot be read: {why}"
+            ) from None
+        return {tuple(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in leaves}
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Until the save in flight is on disk; its file list is then recorded."""
+        if self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+            record_files(self.directory / str(step))
+        except Exception as err:
+            self._failed = True
+            raise CheckpointWriteError(
+                f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
+                step,
+            ) from None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the save in flight; after a failure already reported, closes quietly."""
+        try:
+            self.wait()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:
+                if not self._failed:
+                    raise

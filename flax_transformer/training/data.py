@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.spec.text_lines import BOM, LineDecodeError, decode_line, split_lines
 
 TASKS = ("copy", "reverse", "sort")
 LONG_POLICIES = ("skip", "truncate", "error")
@@ -79,24 +80,20 @@ def held_out(pairs: list[Pair], train: list[Pair]) -> list[Pair]:
 
 
 def _read_lines(path: str | Path, what: str) -> list[str]:
-    """Lines of a UTF-8 file, with errors that name the file and line."""
+    """Lines of a UTF-8 file (a leading BOM dropped), with errors that name the file and line."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as err:
         raise DataError(f"{what} {path}: cannot read ({err.strerror or err})") from None
-    if not raw.strip():
+    if not raw.removeprefix(BOM).strip():
         raise DataError(f"{what} {path}: the file is empty")
-    lines = raw.split(b"\n")
     texts = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(split_lines(raw), start=1):
         try:
-            texts.append(line.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as err:
-            raise DataError(
-                f"{what} {path} line {number}: not valid UTF-8 "
-                f"(byte 0x{line[err.start]:02x} at column {err.start + 1})"
-            ) from None
+            texts.append(decode_line(line))
+        except LineDecodeError as err:
+            raise DataError(f"{what} {path} line {number}: {err}") from None
     return texts
 
 
@@ -193,6 +190,26 @@ def encode_pairs(pairs: list[Pair], tokenizer, max_len: int, on_long: str = "ski
     if not kept:
         raise DataError(f"no pair fits max_len {max_len}; raise --max-len")
     return Dataset(tgt_in, tgt_out, src, kept)
+
+
+def check_dataset_ids(dataset: Dataset, vocab_size: int) -> None:
+    """Every token id inside [0, vocab_size), or a DataError naming the example's file and line
+    (ids outside would silently wrap or turn into NaN inside the jitted step)."""
+    sequences = [dataset.tgt_in, dataset.tgt_out] + ([dataset.src] if dataset.src else [])
+    for seqs in sequences:
+        if not seqs:
+            continue
+        flat = np.concatenate(seqs)
+        if flat.min() >= 0 and flat.max() < vocab_size:
+            continue
+        for index, seq in enumerate(seqs):
+            bad = seq[(seq < 0) | (seq >= vocab_size)]
+            if bad.size:
+                raise DataError(
+                    f"{dataset.pairs[index].where}: token id {int(bad[0])} is outside the "
+                    f"model's vocabulary [0, {vocab_size}) (do the tokenizer and the config "
+                    "disagree?)"
+                )
 
 
 def encode_documents(docs: list[Pair], tokenizer, max_len: int) -> Dataset:

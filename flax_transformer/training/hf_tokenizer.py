@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from flax_transformer.spec.atomic_io import atomic_write_text
+
 HF_TOKENIZER_TYPE = "hf_pretrained"
 HF_TOKENIZER_DIR = "hf_tokenizer"
 
@@ -47,7 +49,7 @@ class HFTokenizer:
             "eos_id": self.eos_id,
             "vocab_size": self.vocab_size,
         }
-        path.write_text(json.dumps(description, indent=2) + "\n")
+        atomic_write_text(path, json.dumps(description, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, description: dict) -> HFTokenizer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,9 +28,10 @@ from tqdm import tqdm
 
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
+from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.best import BestTracker
-from flax_transformer.training.checkpoint import Checkpointer
+from flax_transformer.training.checkpoint import Checkpointer, CheckpointWriteError
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
@@ -74,7 +76,7 @@ def read_metrics(path: Path) -> list[dict]:
 def truncate_metrics(path: Path, last_step: int) -> None:
     """On resume, forget records written after the checkpoint by the interrupted run."""
     kept = [r for r in read_metrics(path) if r["step"] <= last_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class MetricsLog:
@@ -139,7 +141,13 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     resumed_at = 0
     if job.resume:
         abstract = jax.eval_shape(lambda: create_train_state(model, optimizer, opt.seed))
-        state, loader_state = checkpointer.restore(abstract)
+        set_aside = workdir / "checkpoints_unrestorable"
+        state, loader_state, skipped = checkpointer.restore_newest(abstract, set_aside)
+        for step, why in skipped:
+            print(
+                f"warning: {why}; skipped it (moved, not deleted, to {set_aside / str(step)})",
+                file=sys.stderr,
+            )
         loader.restore(loader_state)
         resumed_at = int(state.step)
         truncate_metrics(metrics_path, resumed_at)
@@ -147,7 +155,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     else:
         init = init_params_from(opt.init_from, cfg, job.model_kind) if opt.init_from else None
         state = create_train_state(model, optimizer, opt.seed, init)
-        metrics_path.write_text("")
+        atomic_write_text(metrics_path, "")
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
     tensorboard = TensorBoardLog(
         workdir / "tensorboard", purge_step=resumed_at + 1 if job.resume else None
@@ -248,6 +256,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 stop_reason = reason if done < opt.steps else None
                 break
             tick = time.perf_counter()
+    except CheckpointWriteError as err:
+        raise save_failed(err, checkpointer, metrics_path) from None
     finally:
         profiler.stop()
         tensorboard.flush()  # a crashed run's events are on disk; a resume purges the stale ones
@@ -269,6 +279,25 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         tensorboard.close()
         if best_checkpointer is not None:
             best_checkpointer.close()
+
+
+def save_failed(err: CheckpointWriteError, checkpointer, metrics_path: Path) -> TrainingError:
+    """The run stops: metrics.jsonl is cut back to the last good checkpoint (what --resume
+    continues from), and one message says what happened and what is kept."""
+    steps = checkpointer.finished_steps()
+    last = steps[-1] if steps else 0
+    try:
+        truncate_metrics(metrics_path, last)
+        metrics = f"metrics.jsonl now ends at step {last}"
+    except OSError as write_err:
+        metrics = f"metrics.jsonl could not be cut back ({write_err.strerror or write_err})"
+    kept = (
+        f"the last good checkpoint is step {last} (continue from it with --resume once the "
+        "directory is writable)"
+        if steps
+        else "no checkpoint was saved before"
+    )
+    return TrainingError(f"{err}; stopping. Nothing was deleted: {kept}; {metrics}.")
 
 
 def evaluate(job: Job, model, eval_step, params, valid_batches) -> dict[str, float]:
@@ -375,7 +404,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         pictures=pictures,
         weights=weights,
     )
-    (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     return results
 
 

@@ -2,28 +2,33 @@
 
 `TrainOptions` is what the loop needs (optimizer, schedule, batching, checkpoints, logging);
 `DataOptions` is how train.py makes its data (built-in task sizes, tokenizer, long pairs).
-Each field is `option(default, help, **argparse keywords)`, so train.py builds its flags from
-these classes (`--batch-size` is the field `batch_size`) and no default is written twice.
+Each field is `option(default, help, rule, **argparse keywords)`, so train.py builds its flags
+from these classes (`--batch-size` is the field `batch_size`) and no default is written twice;
+the rule (spec/validate.py: type, finiteness, range) checks the field here and the flag's value
+at parse time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
+from flax_transformer.spec.validate import SEED, Choice, Float, Int, Rule, Text
 from flax_transformer.training.best import METRICS
 from flax_transformer.training.data import LONG_POLICIES, TASKS
 from flax_transformer.training.optim import SCHEDULES
 from flax_transformer.training.profiling import parse_step_range
-from flax_transformer.training.tokenizer import TOKENIZERS
+from flax_transformer.training.tokenizer import BPE_MIN_VOCAB, TOKENIZERS
 
 # sacrebleu's tokenizers for the BLEU score; "char" scores the built-in tasks letter by letter.
 BLEU_TOKENIZERS = ("13a", "char", "zh", "intl", "none")
 
 
-def option(default: Any, help: str, **flag: Any) -> Any:
-    """A dataclass field carrying its help text and extra argparse keywords (e.g. choices)."""
-    return dataclasses.field(default=default, metadata={"help": help, **flag})
+def option(default: Any, help: str, rule: Rule | None = None, **flag: Any) -> Any:
+    """A dataclass field carrying its help text, its value rule and extra argparse keywords
+    (e.g. choices; a field with choices needs no rule)."""
+    return dataclasses.field(default=default, metadata={"help": help, "rule": rule, **flag})
 
 
 class OptionError(ValueError):
@@ -34,51 +39,55 @@ class OptionError(ValueError):
         self.field, self.problem = field, problem
 
 
-def _check(options, positive=(), non_negative=(), unit=()) -> None:
-    for name in positive:
-        if not getattr(options, name) > 0:
-            raise OptionError(name, f"must be > 0, got {getattr(options, name)}")
-    for name in non_negative:
-        if not getattr(options, name) >= 0:
-            raise OptionError(name, f"must be >= 0, got {getattr(options, name)}")
-    for name in unit:
-        if not 0 <= getattr(options, name) < 1:
-            raise OptionError(name, f"must be in [0, 1), got {getattr(options, name)}")
+def rule_of(field: dataclasses.Field) -> Rule:
+    """The field's rule: its own, else its choices, else any string."""
+    if field.metadata.get("rule") is not None:
+        return field.metadata["rule"]
+    if field.metadata.get("choices") is not None:
+        return Choice(tuple(field.metadata["choices"]), optional=field.default is None)
+    return Text()
+
+
+def argparse_keywords(field: dataclasses.Field) -> dict[str, Any]:
+    """The argparse keywords stored with a field (its metadata without the rule)."""
+    return {k: v for k, v in field.metadata.items() if k != "rule"}
+
+
+def _check(options) -> None:
+    """Every field against its rule; the first problem is an OptionError naming the field."""
     for field in dataclasses.fields(options):
-        choices = field.metadata.get("choices")
-        value = getattr(options, field.name)
-        if choices is not None and value is not None and value not in choices:
-            raise OptionError(
-                field.name, f"must be one of {choices}, got {getattr(options, field.name)!r}"
-            )
+        problem = rule_of(field).problem(getattr(options, field.name))
+        if problem:
+            raise OptionError(field.name, problem)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """How the loop trains; the defaults learn the default task in minutes on 2 CPU cores."""
 
-    steps: int = option(1500, "optimizer steps in total")
-    batch_size: int = option(64, "sequences per optimizer step")
+    steps: int = option(1500, "optimizer steps in total", Int(min=1))
+    batch_size: int = option(64, "sequences per optimizer step", Int(min=1))
     grad_accum: int = option(
         1,
         "split each batch into N micro-batches, run one after the other and summed into one "
         "optimizer step (same update, less memory)",
+        Int(min=1),
     )
-    lr: float = option(2e-3, "peak learning rate")
-    warmup: int = option(150, "linear warmup steps")
+    lr: float = option(2e-3, "peak learning rate", Float(gt=0))
+    warmup: int = option(150, "linear warmup steps", Int(min=1))
     schedule: str = option(
         "cosine", "after warmup: the paper's 1/sqrt(step) or cosine to 0", choices=SCHEDULES
     )
-    label_smoothing: float = option(0.1, "label smoothing eps")
-    clip_norm: float = option(1.0, "global gradient norm clip (0 = off)")
-    weight_decay: float = option(0.01, "AdamW decay on matrices")
-    seed: int = option(0, "seeds init, dropout and shuffling")
-    eval_every: int = option(500, "validation loss every N steps")
-    save_every: int = option(500, "checkpoint every N steps")
-    keep_checkpoints: int = option(3, "checkpoints kept")
-    log_every: int = option(25, "metrics.jsonl line every N steps")
+    label_smoothing: float = option(0.1, "label smoothing eps", Float(ge=0, lt=1))
+    clip_norm: float = option(1.0, "global gradient norm clip (0 = off)", Float(ge=0))
+    weight_decay: float = option(0.01, "AdamW decay on matrices", Float(ge=0))
+    seed: int = option(0, "seeds init, dropout and shuffling", SEED)
+    eval_every: int = option(500, "validation loss every N steps", Int(min=1))
+    save_every: int = option(500, "checkpoint every N steps", Int(min=1))
+    keep_checkpoints: int = option(3, "checkpoints kept", Int(min=1))
+    log_every: int = option(25, "metrics.jsonl line every N steps", Int(min=1))
     bleu_tokenize: str = option("13a", "sacrebleu tokenizer", choices=BLEU_TOKENIZERS)
-    num_examples: int = option(5, "decoded validation examples printed and stored")
+    num_examples: int = option(5, "decoded validation examples printed and stored", Int(min=0))
     keep_best: str | None = option(
         None,
         "also keep the checkpoint with the best validation valid_loss or exact_match (in "
@@ -89,7 +98,7 @@ class TrainOptions:
         None,
         "stop when the --keep-best metric (default valid_loss) has not improved for this many "
         "evaluations",
-        type=int,
+        Int(min=1, optional=True, why="(evaluations)"),
         metavar="PATIENCE",
     )
     profile_steps: str | None = option(
@@ -111,15 +120,7 @@ class TrainOptions:
     )
 
     def __post_init__(self):
-        _check(
-            self,
-            positive=("steps", "batch_size", "lr", "warmup", "eval_every", "save_every")
-            + ("keep_checkpoints", "log_every", "grad_accum"),
-            non_negative=("clip_norm", "weight_decay", "num_examples"),
-            unit=("label_smoothing",),
-        )
-        if self.early_stop is not None and self.early_stop < 1:
-            raise OptionError("early_stop", f"must be >= 1 evaluations, got {self.early_stop}")
+        _check(self)
         if self.profile_steps is not None:
             try:
                 first, last = parse_step_range(self.profile_steps)
@@ -135,6 +136,12 @@ class TrainOptions:
                 f"({self.grad_accum}) must divide --batch-size ({self.batch_size}) into "
                 "equal micro-batches",
             )
+        if self.warmup > self.steps:
+            warnings.warn(
+                f"--warmup {self.warmup} is longer than --steps {self.steps}: the learning rate "
+                f"never reaches its peak --lr {self.lr:g}",
+                stacklevel=3,
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,16 +149,20 @@ class DataOptions:
     """How train.py makes its data when no file is given, and how it tokenizes."""
 
     task: str = option("reverse", "built-in generated task", choices=TASKS)
-    task_min_len: int = option(1, "shortest task string")
-    task_max_len: int = option(16, "longest task string")
-    task_train_size: int = option(100000, "training strings")
-    task_valid_size: int = option(500, "held-out strings")
+    task_min_len: int = option(1, "shortest task string", Int(min=1))
+    task_max_len: int = option(16, "longest task string", Int(min=1))
+    task_train_size: int = option(100000, "training strings", Int(min=1))
+    task_valid_size: int = option(500, "held-out strings", Int(min=1))
     tokenizer: str = option(
         "byte",
         "byte: UTF-8 bytes, any language; bpe: subword BPE trained on the training text",
         choices=tuple(TOKENIZERS),
     )
-    bpe_vocab_size: int = option(4000, "BPE vocabulary size")
+    bpe_vocab_size: int = option(
+        4000,
+        "BPE vocabulary size",
+        Int(min=BPE_MIN_VOCAB, why="(the 256 byte symbols and 3 special tokens)"),
+    )
     on_long: str = option(
         "skip",
         "a pair longer than --max-len is skipped (with a warning), truncated, or an error",
@@ -159,7 +170,12 @@ class DataOptions:
     )
 
     def __post_init__(self):
-        _check(self, positive=("task_train_size", "task_valid_size", "bpe_vocab_size"))
+        _check(self)
+        if self.task_min_len > self.task_max_len:
+            raise OptionError(
+                "task_min_len",
+                f"({self.task_min_len}) must be <= --task-max-len ({self.task_max_len})",
+            )
 
 
 def option_fields(cls) -> dict[str, dataclasses.Field]:

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from flax_transformer.spec.atomic_io import atomic_path  # noqa: E402
+
 
 def plot_curves(records: list[dict], path: str | Path) -> Path:
     """Loss (train and valid) and token accuracy against step, from metrics.jsonl records."""
@@ -40,7 +42,8 @@ def plot_curves(records: list[dict], path: str | Path) -> Path:
         ax.legend()
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return path
 
@@ -76,6 +79,7 @@ def plot_attention(
     fig.suptitle("Cross-attention of one validation example")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return path

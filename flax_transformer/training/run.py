@@ -15,7 +15,9 @@ import numpy as np
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import SEQ2SEQ
-from flax_transformer.training.checkpoint import Checkpointer
+from flax_transformer.spec.naming import flatten_params
+from flax_transformer.spec.tree_check import ConversionError, check_tree
+from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
 from flax_transformer.training.tokenizer import load_tokenizer
 
 
@@ -45,15 +47,25 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         if not (workdir / name).exists():
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
     config = TransformerConfig.load(workdir / "config.json")
-    run = json.loads((workdir / "run.json").read_text())
-    kind = run.get("model", SEQ2SEQ)
+    try:
+        run = json.loads((workdir / "run.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{workdir / 'run.json'}: not readable JSON ({err})") from None
+    kind = run.get("model", SEQ2SEQ) if isinstance(run, dict) else SEQ2SEQ
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]
     directory, step, chosen = _choose_checkpoint(workdir, checkpoint)
     checkpointer = Checkpointer(directory, create=False)
     try:
+        check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
         params = checkpointer.restore_params(abstract, step)
+    except CheckpointReadError as err:
+        others = sorted(set(checkpoint_steps(workdir / "checkpoints")) - {step})
+        hint = (
+            f" (others: steps {', '.join(map(str, others))}; --checkpoint STEP)" if others else ""
+        )
+        raise CheckpointReadError(f"{err}{hint}") from None
     finally:
         checkpointer.close()
     params = jax.tree.map(np.asarray, params)
@@ -79,6 +91,47 @@ def carry_files(init_dir: str | Path, workdir: Path) -> list[str]:
     for name in carried:
         shutil.copyfile(Path(init_dir) / name, workdir / name)
     return carried
+
+
+def check_matches_checkpoint(config, abstract, saved_shapes, workdir: Path, step: int) -> None:
+    """A ValueError naming the config fields and parameter shapes where config.json and the
+    checkpoint disagree (instead of Flax's error from deep inside the restore)."""
+    expected = {path: tuple(leaf.shape) for path, leaf in flatten_params(abstract).items()}
+    try:
+        check_tree(saved_shapes, expected, "parameters", what="param", name="/".join)
+    except ConversionError as err:
+        saved = _shape_fields(saved_shapes)
+        fields = [
+            f"{name}: {getattr(config, name)} in config.json, {value} in the checkpoint"
+            for name, value in saved.items()
+            if getattr(config, name) != value
+        ]
+        hint = f" ({'; '.join(fields)})" if fields else ""
+        lines = str(err).split("\n")
+        if len(lines) > 7:  # the first few mismatches say enough
+            lines = lines[:6] + [f"  ... and {len(lines) - 6} more"]
+        raise ValueError(
+            f"{workdir / 'config.json'} does not match checkpoint step {step}{hint}: "
+            + "\n".join(lines)
+        ) from None
+
+
+def _shape_fields(shapes: dict[tuple[str, ...], tuple[int, ...]]) -> dict[str, int]:
+    """The config fields that parameter shapes show: widths, vocabularies, layer counts."""
+    fields = {}
+    for path, shape in shapes.items():
+        name = "/".join(path)
+        if path[-1] == "embedding" and path[0] in ("tgt_embed", "shared_embed", "src_embed"):
+            fields["d_model"] = shape[1]
+            vocab = "src_vocab_size" if path[0] == "src_embed" else "tgt_vocab_size"
+            fields[vocab] = shape[0]
+        elif name.endswith("ffn/linear1/kernel"):
+            fields["d_ff"] = shape[1]
+    for stack, field in (("encoder", "num_encoder_layers"), ("decoder", "num_decoder_layers")):
+        layers = {p[1] for p in shapes if p[0] == stack and p[1].startswith("layers_")}
+        if layers:
+            fields[field] = len(layers)
+    return fields
 
 
 def checkpoint_steps(directory: Path) -> list[int]:

@@ -11,9 +11,14 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from flax_transformer.spec.atomic_io import atomic_write_text
+
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2 in both tokenizers
 BYTE_TOKENIZER_TYPE = "byte_utf8"
+# Byte-level BPE starts from the 256 byte symbols and the specials; a smaller vocabulary cannot
+# be trained (HF `tokenizers` would silently return this size instead).
+BPE_MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 
 
 class ByteTokenizer:
@@ -45,7 +50,9 @@ class ByteTokenizer:
         return labels
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"type": BYTE_TOKENIZER_TYPE, "specials": SPECIAL_TOKENS}))
+        atomic_write_text(
+            path, json.dumps({"type": BYTE_TOKENIZER_TYPE, "specials": SPECIAL_TOKENS})
+        )
 
 
 class BPETokenizer:
@@ -63,6 +70,14 @@ class BPETokenizer:
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise ValueError(f"BPE vocab_size must be an int, got {vocab_size!r}")
+        if vocab_size < BPE_MIN_VOCAB:
+            raise ValueError(
+                f"BPE vocab_size {vocab_size} is below {BPE_MIN_VOCAB}, the 256 byte symbols "
+                "and 3 special tokens every byte-level BPE vocabulary holds"
+            )
 
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -90,7 +105,7 @@ class BPETokenizer:
         return [self.decode([i]) or (self._tok.id_to_token(int(i)) or "?") for i in ids]
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self._tok.to_str())
+        atomic_write_text(path, self._tok.to_str())
 
 
 TOKENIZERS = {cls.kind: cls for cls in (ByteTokenizer, BPETokenizer)}  # train.py --tokenizer

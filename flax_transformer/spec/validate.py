@@ -1,0 +1,259 @@
+"""Declarative value checks: one rule per field (type, finiteness, range, choices).
+
+A rule says what a value must be and, given a value, what is wrong with it (`problem`, or None).
+The same rules check `TransformerConfig` fields, the training options and every numeric
+command-line flag (`flag_type` turns a rule into an argparse `type=`, so a bad value is an
+argparse error naming its flag, exit status 2), and the values of a `--run-config` file.
+
+    FIELD_RULES = {"d_model": Int(min=1), "layer_norm_eps": Float(gt=0), "remat": Bool()}
+    problems = field_problems(config, FIELD_RULES)   # ["layer_norm_eps must be > 0, ..."]
+
+Imports numpy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flax_transformer.spec.tree_check import ConversionError
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _is_number(value) -> bool:
+    return _is_int(value) or isinstance(value, float | np.floating)
+
+
+@dataclasses.dataclass(frozen=True)
+class Int:
+    """An int (not a bool) in [min, max]; None allowed when `optional`."""
+
+    min: int | None = None
+    max: int | None = None
+    optional: bool = False
+    why: str = ""  # appended to the range message, e.g. "(0 = off)"
+
+    def describe(self) -> str:
+        if self.min is not None and self.max is not None:
+            text = f"an int in [{self.min}, {self.max}]"
+        elif self.min in (0, 1):
+            text = "a positive int" if self.min else "a non-negative int"
+        elif self.min is not None:
+            text = f"an int >= {self.min}"
+        elif self.max is not None:
+            text = f"an int <= {self.max}"
+        else:
+            text = "an int"
+        return text + (f" {self.why}" if self.why else "")
+
+    def problem(self, value) -> str | None:
+        if value is None and self.optional:
+            return None
+        if not _is_int(value):
+            return f"must be {self.describe()}, got {value!r}"
+        if (self.min is not None and value < self.min) or (
+            self.max is not None and value > self.max
+        ):
+            return f"must be {self.describe()}, got {value!r}"
+        return None
+
+    def parse(self, text: str):
+        return int(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Float:
+    """A finite real number (an int is accepted) with optional bounds: ge/gt below, le/lt above."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    optional: bool = False
+    why: str = ""
+
+    def describe(self) -> str:
+        low = self.ge if self.ge is not None else self.gt
+        high = self.le if self.le is not None else self.lt
+        lower = "" if low is None else f"{'>=' if self.ge is not None else '>'} {low:g}"
+        upper = "" if high is None else f"{'<=' if self.le is not None else '<'} {high:g}"
+        if lower and upper:
+            left = "[" if self.ge is not None else "("
+            right = "]" if self.le is not None else ")"
+            text = f"a finite number in {left}{low:g}, {high:g}{right}"
+        elif lower or upper:
+            text = f"a finite number {lower or upper}"
+        else:
+            text = "a finite number"
+        return text + (f" {self.why}" if self.why else "")
+
+    def problem(self, value) -> str | None:
+        if value is None and self.optional:
+            return None
+        if not _is_number(value) or not math.isfinite(value):
+            return f"must be {self.describe()}, got {value!r}"
+        bad = (
+            (self.ge is not None and not value >= self.ge)
+            or (self.gt is not None and not value > self.gt)
+            or (self.le is not None and not value <= self.le)
+            or (self.lt is not None and not value < self.lt)
+        )
+        return f"must be {self.describe()}, got {value!r}" if bad else None
+
+    def parse(self, text: str):
+        return float(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bool:
+    def problem(self, value) -> str | None:
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    options: tuple
+    optional: bool = False
+
+    def problem(self, value) -> str | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, str | int | float | bool | type(None)) and value in self.options:
+            return None
+        return f"must be one of {self.options}, got {value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A string (a path, a spec parsed elsewhere)."""
+
+    optional: bool = True
+
+    def problem(self, value) -> str | None:
+        if value is None and self.optional:
+            return None
+        return None if isinstance(value, str) else f"must be a string, got {value!r}"
+
+
+Rule = Int | Float | Bool | Choice | Text
+SEED = Int(min=0, max=2**32 - 1)  # what both numpy's and JAX's PRNGs accept
+
+
+def field_problems(obj: Any, rules: Mapping[str, Rule]) -> list[str]:
+    """'name problem' for every field of `obj` (an object or a mapping) its rule rejects."""
+    get = obj.get if isinstance(obj, Mapping) else lambda name: getattr(obj, name)
+    problems = []
+    for name, rule in rules.items():
+        problem = rule.problem(get(name))
+        if problem:
+            problems.append(f"{name} {problem}")
+    return problems
+
+
+def flag_type(rule: Int | Float, flag: str):
+    """An argparse `type=` for a numeric flag: parses, then checks the rule; argparse reports a
+    failure as `argument --flag: must be ..., got ...` and exits with status 2."""
+
+    def parse(text: str):
+        try:
+            value = rule.parse(text)
+        except ValueError:
+            kind = "an int" if isinstance(rule, Int) else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
+        problem = rule.problem(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = flag  # argparse names the type in some messages
+    parse.rule = rule  # read by run_config_problems
+    return parse
+
+
+def run_config_problems(parser: argparse.ArgumentParser, values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with flag values read from JSON (`--run-config`), flag by flag: the same
+    rules as on the command line, plus the JSON type a flag without a rule needs."""
+    actions = {a.dest: a for a in parser._actions}
+    problems = []
+    for dest, value in values.items():
+        action = actions.get(dest)
+        if action is None:
+            continue
+        flag = action.option_strings[0] if action.option_strings else dest
+        rule = getattr(action.type, "rule", None)
+        optional = action.default is None  # null: "flag not given", as run.json records it
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            problem = Bool().problem(value)
+        elif action.choices is not None:
+            problem = Choice(tuple(action.choices), optional=optional).problem(value)
+        elif rule is not None:
+            problem = dataclasses.replace(rule, optional=optional).problem(value)
+        elif action.type is int:
+            problem = Int(optional=optional).problem(value)
+        elif action.type is float:
+            problem = Float(optional=optional).problem(value)
+        else:
+            problem = Text(optional=optional).problem(value)
+        if problem:
+            problems.append(f"{flag} {problem}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- weights
+def weight_problems(tensors: Mapping[str, Any], *, allow_nonfinite: bool = False) -> list[str]:
+    """Weights must be floating point and (unless allowed) finite; one line per bad tensor."""
+    problems = []
+    for name, value in tensors.items():
+        array = np.asarray(value)
+        if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
+            problems.append(
+                f"tensor {name!r} has dtype {array.dtype}; weights must be floating point"
+            )
+            continue
+        if not allow_nonfinite:
+            finite = np.isfinite(
+                array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+            )
+            if not finite.all():
+                bad = int(array.size - np.count_nonzero(finite))
+                problems.append(f"tensor {name!r} has {bad} non-finite value(s) (nan/inf)")
+    return problems
+
+
+def check_weights(tensors: Mapping[str, Any], where: str, *, allow_nonfinite: bool = False):
+    """Raise one ConversionError naming every tensor that is not floating point or (unless
+    `allow_nonfinite`) holds nan/inf: integer weights would run, and silently compute garbage."""
+    problems = weight_problems(tensors, allow_nonfinite=allow_nonfinite)
+    if problems:
+        hint = "" if allow_nonfinite else " (non-finite weights: --allow-nonfinite to accept)"
+        if all("non-finite" not in p for p in problems):
+            hint = ""
+        raise ConversionError(
+            f"{where}: {len(problems)} bad tensor(s){hint}:\n  " + "\n  ".join(problems)
+        )
+
+
+# ----------------------------------------------------------------------------- token ids
+def token_id_problem(name: str, tokens, vocab_size: int) -> str | None:
+    """'src holds token id 300, outside the vocabulary [0, 259)' for concrete host/device
+    arrays; None when every id is inside. Callers skip traced values (they have no values)."""
+    array = np.asarray(tokens)
+    if array.size == 0:
+        return None
+    low, high = int(array.min()), int(array.max())
+    if low >= 0 and high < vocab_size:
+        return None
+    bad = low if low < 0 else high
+    where = np.argwhere(array == bad)[0].tolist()
+    return (
+        f"{name} holds token id {bad} at position {tuple(where)}, outside the vocabulary "
+        f"[0, {vocab_size})"
+    )
