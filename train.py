@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -35,6 +36,10 @@ MODEL_FLAGS = {
     "max_len": (("max_len",), "longest sequence in tokens"),
     "dropout": (("dropout_rate",), "dropout rate"),
 }
+
+
+# Flags of one launch (how this process joins the others), not of the run: not in run.json.
+DISTRIBUTED_FLAGS = ("coordinator", "num_processes", "process_id")
 
 
 class UsageError(ValueError):
@@ -59,7 +64,12 @@ def add_option_flags(group, options_class, names, **overrides) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flax_transformer.training.options import BLEU_TOKENIZERS, DataOptions, TrainOptions
+    from flax_transformer.training.options import (
+        BLEU_TOKENIZERS,
+        DataOptions,
+        DistributedOptions,
+        TrainOptions,
+    )
 
     p = argparse.ArgumentParser(
         prog="python train.py",
@@ -126,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-config",
         help="JSON file of flag values, or a previous run's run.json; command-line flags win",
     )
+    many = p.add_argument_group("multi-process (python -m flax_transformer.launch starts them)")
+    add_option_flags(many, DistributedOptions, DISTRIBUTED_FLAGS)
     return p
 
 
@@ -179,10 +191,11 @@ def check_args(args) -> None:
     if args.keep_best == "exact_match" and args.lm_text:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if args.mesh:
+        from flax_transformer.training.distributed import check_mesh_spans_processes
         from flax_transformer.training.sharding import MeshError, make_mesh
 
         try:
-            make_mesh(args.mesh)
+            check_mesh_spans_processes(make_mesh(args.mesh))
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
 
@@ -225,7 +238,7 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
     """Writable, and never a second run on top of an existing one."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write_test"
+        probe = workdir / f".write_test_{os.getpid()}"  # one per process of a run
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
@@ -294,9 +307,10 @@ def split_off_validation(pairs, seed, fraction=0.05):
 
 
 def make_tokenizer(args, data, workdir: Path, train_pairs):
+    from flax_transformer.training.distributed import is_primary
     from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
-    if args.resume:
+    if args.resume or not is_primary():
         return load_tokenizer(workdir / "tokenizer.json")
     if data.tokenizer == "bpe":
         texts = (t for p in train_pairs for t in (p.source, p.target) if t)
@@ -337,32 +351,55 @@ def make_config(args, tokenizer, workdir: Path):
 def main(argv=None, hooks=()) -> int:
     """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
     called after every step and evaluation, they may stop the run early)."""
-    from flax_transformer.training.options import DataOptions, TrainOptions
+    from flax_transformer.training import distributed
+    from flax_transformer.training.options import DataOptions, DistributedOptions, TrainOptions
 
     started = time.perf_counter()
     try:
         args = parse_args(argv)
+        join_processes(options_from_args(DistributedOptions, args), args)
         check_args(args)
         data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
         options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
         return run(args, data, options, hooks, started)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(2)  # a multi-process run: no waiting for the others
         return 2
     except (ValueError, OSError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(1)
         return 1
+
+
+def join_processes(options, args) -> None:
+    """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
+    such a run needs --mesh, over which the batch is split."""
+    from flax_transformer.training.distributed import DistributedError, start, whoami
+
+    try:
+        if start(options) and not args.mesh:
+            raise UsageError(
+                f"this is {whoami()}: multi-process training needs --mesh spanning every "
+                "process's devices (e.g. --mesh data=N for N devices in all)"
+            )
+    except DistributedError as err:
+        raise UsageError(str(err)) from None
 
 
 def run(args, data, options, hooks, started: float) -> int:
     from flax_transformer.spec.kinds import LM
     from flax_transformer.training.data import encode_documents, encode_pairs
+    from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
     workdir = default_workdir(args)
     prepare_workdir(workdir, args.resume)
+    barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
+    if not (args.resume or is_primary()):
+        barrier("run files written")  # the other processes use process 0's tokenizer
     tokenizer = make_tokenizer(args, data, workdir, train_pairs)
     config = make_config(args, tokenizer, workdir)
     with warnings.catch_warnings(record=True) as caught:
@@ -375,17 +412,22 @@ def run(args, data, options, hooks, started: float) -> int:
             valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
-    if not args.resume:
+    if not args.resume and is_primary():
         config.save(workdir / "config.json")
         tokenizer.save(workdir / "tokenizer.json")
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,
-            "args": {k: v for k, v in vars(args).items() if k not in ("resume", "run_config")},
+            "args": {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("resume", "run_config", *DISTRIBUTED_FLAGS)
+            },
             "train_examples": len(train_set),
             "valid_examples": len(valid_set),
         }
         (workdir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
+        barrier("run files written")
     print(
         f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
         f"{config.num_decoder_layers} layers, {len(train_set)} training / {len(valid_set)} "
@@ -394,6 +436,8 @@ def run(args, data, options, hooks, started: float) -> int:
     )
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
     results = run_training(job, hooks)
+    if not is_primary():
+        return 0  # process 0 writes the results
     results["wall_time_s"] = time.perf_counter() - started
     (workdir / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print_summary(results, workdir)
