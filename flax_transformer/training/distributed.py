@@ -138,19 +138,22 @@ def local_batch_rows(mesh: Mesh, batch_size: int) -> slice:
     The batch is split over the mesh's `data` axis; a process holds one contiguous block of
     rows (or all of them, when its devices span the whole `data` axis).
     """
-    sharding = batch_sharding(mesh)
-    blocks = sorted(
-        index[0].indices(batch_size)[:2]
-        for index in sharding.addressable_devices_indices_map((batch_size,)).values()
-    )
-    start, stop = blocks[0][0], blocks[-1][1]
+    index_map = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+    return contiguous_rows([index[0] for index in index_map.values()], batch_size)
+
+
+def contiguous_rows(blocks, batch_size: int) -> slice:
+    """The one block of rows that `blocks` (slices of the batch axis, one per device of this
+    process; replicas repeat) cover together; MeshError unless that is one contiguous block."""
+    spans = sorted({block.indices(batch_size)[:2] for block in blocks})
     covered = np.zeros(batch_size, bool)
-    for first, end in blocks:
+    for first, end in spans:
         covered[first:end] = True
+    start, stop = spans[0][0], max(end for _, end in spans)
     if not covered[start:stop].all():
         raise MeshError(
-            f"{whoami()} holds rows {blocks} of each batch, not one contiguous block; "
-            "order the mesh's devices by process"
+            f"this process holds rows {spans} of each batch of {batch_size}, not one "
+            "contiguous block; order the mesh's devices by process"
         )
     return slice(start, stop)
 

@@ -177,6 +177,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         # One code path: the mesh decides how the state and the batch are laid out.
         # Each micro-batch is split over `data` (steps.split_micro_batches keeps rows in place).
         check_config_fits(cfg, mesh, opt.batch_size // opt.grad_accum)
+        if multi_process:  # the same host values in every process, placed on the global mesh
+            state = jax.device_get(state)  # (a process cannot send its device arrays to others)
         state, train_step = shard_training(mesh, state, step_fn, model=model)
         print(f"sharded over mesh {dict(mesh.shape)} of {mesh.devices.size} devices")
     else:
@@ -339,7 +341,8 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         "valid_examples": len(job.valid_set),
     }
     pictures = {}
-    if not is_lm(model):
+    # Decoding is for results.json, which process 0 writes, and for --keep-best exact_match.
+    if not is_lm(model) and (is_primary() or opt.keep_best == "exact_match"):
         decoded = evaluate_decoding(
             model,
             params,
