@@ -38,6 +38,10 @@ MODEL_FLAGS = {
 }
 
 
+# Flags of one launch (how this process joins the others), not of the run: not in run.json.
+DISTRIBUTED_FLAGS = ("coordinator", "num_processes", "process_id")
+
+
 class UsageError(ValueError):
     """Bad flags or workdir; the message names the flag."""
 
@@ -62,7 +66,12 @@ def add_option_flags(group, options_class, names, **overrides) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flax_transformer.training.options import BLEU_TOKENIZERS, DataOptions, TrainOptions
+    from flax_transformer.training.options import (
+        BLEU_TOKENIZERS,
+        DataOptions,
+        DistributedOptions,
+        TrainOptions,
+    )
 
     p = argparse.ArgumentParser(
         prog="python train.py",
@@ -132,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-config",
         help="JSON file of flag values, or a previous run's run.json; command-line flags win",
     )
+    many = p.add_argument_group("multi-process (python -m flax_transformer.launch starts them)")
+    add_option_flags(many, DistributedOptions, DISTRIBUTED_FLAGS)
     return p
 
 
@@ -216,10 +227,11 @@ def check_args(args) -> None:
     else:  # the init run's config is checked when it is loaded
         check_model_flags(args)
     if args.mesh:
+        from flax_transformer.training.distributed import check_mesh_spans_processes
         from flax_transformer.training.sharding import MeshError, make_mesh
 
         try:
-            make_mesh(args.mesh)
+            check_mesh_spans_processes(make_mesh(args.mesh))
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
 
@@ -317,7 +329,7 @@ def make_workdir(workdir: Path) -> None:
     """Create the workdir (all input is read and checked by now) and probe that it takes files."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        probe = workdir / ".write_test"
+        probe = workdir / f".write_test_{os.getpid()}"  # one per process of a run
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
@@ -370,9 +382,10 @@ def split_off_validation(pairs, seed, fraction=0.05):
 
 
 def make_tokenizer(args, data, workdir: Path, train_pairs):
+    from flax_transformer.training.distributed import is_primary
     from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
-    if args.resume:
+    if args.resume or not is_primary():
         return load_tokenizer(workdir / "tokenizer.json")
     if args.init_from:  # the init run's tokenizer, whatever its kind
         return load_tokenizer(Path(args.init_from) / "tokenizer.json")
@@ -426,7 +439,8 @@ def make_config(args, tokenizer, workdir: Path):
 def main(argv=None, hooks=()) -> int:
     """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
     called after every step and evaluation, they may stop the run early)."""
-    from flax_transformer.training.options import DataOptions, TrainOptions
+    from flax_transformer.training import distributed
+    from flax_transformer.training.options import DataOptions, DistributedOptions, TrainOptions
 
     started = time.perf_counter()
     try:
@@ -436,6 +450,7 @@ def main(argv=None, hooks=()) -> int:
             if exit.code == 0:
                 raise
             return 2
+        join_processes(options_from_args(DistributedOptions, args), args)
         check_args(args)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -445,21 +460,40 @@ def main(argv=None, hooks=()) -> int:
             print(f"warning: {warning.message}", file=sys.stderr)
         return run(args, data, options, hooks, started)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(2)  # a multi-process run: no waiting for the others
         return 2
     except (ValueError, OSError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(1)
         return 1
+
+
+def join_processes(options, args) -> None:
+    """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
+    such a run needs --mesh, over which the batch is split."""
+    from flax_transformer.training.distributed import DistributedError, start, whoami
+
+    try:
+        if start(options) and not args.mesh:
+            raise UsageError(
+                f"this is {whoami()}: multi-process training needs --mesh spanning every "
+                "process's devices (e.g. --mesh data=N for N devices in all)"
+            )
+    except DistributedError as err:
+        raise UsageError(str(err)) from None
 
 
 def run(args, data, options, hooks, started: float) -> int:
     from flax_transformer.spec.atomic_io import atomic_write_text
     from flax_transformer.spec.kinds import LM
     from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
     workdir = default_workdir(args)
     prepare_workdir(workdir, args.resume)
+    barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
     if args.init_from and not args.resume:
@@ -469,6 +503,8 @@ def run(args, data, options, hooks, started: float) -> int:
                 f"--init-from {args.init_from} holds a {init_kind} model; the data "
                 f"given trains a {kind} model"
             )
+    if not (args.resume or is_primary()):
+        barrier("run files written")  # the other processes use process 0's tokenizer
     tokenizer = make_tokenizer(args, data, workdir, train_pairs)
     config = make_config(args, tokenizer, workdir)
     with warnings.catch_warnings(record=True) as caught:
@@ -485,7 +521,7 @@ def run(args, data, options, hooks, started: float) -> int:
         check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
     make_workdir(workdir)  # the first write: every input has been read and checked
     carried = []
-    if not args.resume or read_run_json(workdir / "run.json") is None:
+    if is_primary() and (not args.resume or read_run_json(workdir / "run.json") is None):
         if not args.resume:
             config.save(workdir / "config.json")
             tokenizer.save(workdir / "tokenizer.json")
@@ -496,12 +532,18 @@ def run(args, data, options, hooks, started: float) -> int:
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,
-            "args": {k: v for k, v in vars(args).items() if k not in ("resume", "run_config")},
+            "args": {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("resume", "run_config", *DISTRIBUTED_FLAGS)
+            },
             "train_examples": len(train_set),
             "valid_examples": len(valid_set),
             **({"carry": carried} if carried else {}),
         }
         atomic_write_text(workdir / "run.json", json.dumps(run_info, indent=2) + "\n")
+    if not args.resume and is_primary():
+        barrier("run files written")  # the others wait for it before reading the tokenizer
     print(
         f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
         f"{config.num_decoder_layers} layers, {len(train_set)} training / {len(valid_set)} "
@@ -510,6 +552,8 @@ def run(args, data, options, hooks, started: float) -> int:
     )
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
     results = run_training(job, hooks)
+    if not is_primary():
+        return 0  # process 0 writes the results
     results["wall_time_s"] = time.perf_counter() - started
     atomic_write_text(
         workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"

@@ -50,7 +50,28 @@ def _probe_writable(directory: Path) -> None:
 
 
 def _host_copy(tree):
-    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+    # An array spread over several processes (multi-process training) is saved as it is:
+    # each process writes the shards it owns, and Orbax copies them to host memory before
+    # save() returns (its default, synchronous device-to-host transfer).
+    def copy(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x
+        return np.array(x, copy=True)
+
+    return jax.tree.map(copy, tree)
+
+
+def _on_this_process(abstract_tree):
+    """Restore targets without a sharding get this process's first device: a checkpoint
+    written by several processes (or on another mesh) then loads whole into any process."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def target(leaf):
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device)
+        return leaf
+
+    return jax.tree.map(target, abstract_tree)
 
 
 class Checkpointer:
@@ -132,8 +153,8 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         restored = self._restore(
             step,
-            params=ocp.args.StandardRestore(abstract_state.params),
-            opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
+            params=ocp.args.StandardRestore(_on_this_process(abstract_state.params)),
+            opt_state=ocp.args.StandardRestore(_on_this_process(abstract_state.opt_state)),
             meta=ocp.args.JsonRestore(),
         )
         meta = restored["meta"]
@@ -186,7 +207,9 @@ class Checkpointer:
 
     def restore_params(self, abstract_params: Any, step: int | None = None):
         step = self.latest_step() if step is None else step
-        return self._restore(step, params=ocp.args.StandardRestore(abstract_params))["params"]
+        return self._restore(
+            step, params=ocp.args.StandardRestore(_on_this_process(abstract_params))
+        )["params"]
 
     def param_shapes(self, step: int) -> dict[tuple[str, ...], tuple[int, ...]]:
         """{Flax path: shape} of the params saved at `step`, read from Orbax's metadata (no

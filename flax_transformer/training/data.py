@@ -276,11 +276,16 @@ class BatchLoader:
     """Endless shuffled batches, deterministic from (seed, epoch).
 
     Its position {"epoch", "index"} is all a checkpoint needs to continue exactly: an epoch's
-    plan is recomputed from the seed."""
+    plan is recomputed from the seed. `rows` (multi-process training): build only these rows
+    of each batch, (rows.stop - rows.start, bucket_len) arrays; every process plans the same
+    global batches."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0):
+    def __init__(
+        self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0, rows=None
+    ):
         self.dataset, self.batch_size, self.max_len = dataset, batch_size, max_len
         self.seed, self.pad_id = seed, pad_id
+        self.rows = rows or slice(0, batch_size)
         self.epoch, self.index = 0, 0
         self._plan_epoch, self._plan = None, []
 
@@ -305,7 +310,8 @@ class BatchLoader:
             self.epoch, self.index = self.epoch + 1, 0
         length, indices = self._epoch_plan()[self.index]
         self.index += 1
-        return make_batch(self.dataset, indices, length, self.batch_size, self.pad_id)
+        rows = self.rows  # rows past the examples of a short batch are padding
+        return make_batch(self.dataset, indices[rows], length, rows.stop - rows.start, self.pad_id)
 
 
 def eval_batches(dataset: Dataset, batch_size: int, max_len: int, pad_id: int = 0):

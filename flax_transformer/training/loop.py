@@ -33,6 +33,7 @@ from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointWriteError
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
+from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
     evaluate_decoding,
@@ -82,10 +83,12 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 class MetricsLog:
     """metrics.jsonl, and the same records as TensorBoard scalars when `tensorboard` is given."""
 
-    def __init__(self, path: Path, tensorboard: TensorBoardLog | None = None):
-        self.path, self.tensorboard = path, tensorboard
+    def __init__(self, path: Path | None, tensorboard: TensorBoardLog | None = None):
+        self.path, self.tensorboard = path, tensorboard  # path None: write nothing
 
     def write(self, record: dict) -> None:
+        if self.path is None:
+            return
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         if self.tensorboard is not None:
@@ -136,7 +139,12 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     schedule = make_schedule(opt.schedule, opt.lr, opt.warmup, opt.steps)
     optimizer = make_optimizer(schedule, weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
     checkpointer = Checkpointer(workdir / "checkpoints", keep=opt.keep_checkpoints)
-    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad)
+    # Several processes: one mesh over all their devices, and each builds only its rows of
+    # every batch; process 0 alone writes the run's files (metrics, events, pictures, ...).
+    mesh = make_mesh(opt.mesh) if opt.mesh else None
+    multi_process, primary = jax.process_count() > 1, is_primary()
+    rows = local_batch_rows(mesh, opt.batch_size) if multi_process else None
+    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows)
     metrics_path = workdir / "metrics.jsonl"
     resumed_at = 0
     if job.resume:
@@ -150,31 +158,37 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             )
         loader.restore(loader_state)
         resumed_at = int(state.step)
-        truncate_metrics(metrics_path, resumed_at)
+        if primary:
+            truncate_metrics(metrics_path, resumed_at)
         print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
         init = init_params_from(opt.init_from, cfg, job.model_kind) if opt.init_from else None
         state = create_train_state(model, optimizer, opt.seed, init)
-        atomic_write_text(metrics_path, "")
+        if primary:
+            atomic_write_text(metrics_path, "")
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
-    tensorboard = TensorBoardLog(
-        workdir / "tensorboard", purge_step=resumed_at + 1 if job.resume else None
-    )
-    log = MetricsLog(metrics_path, tensorboard)
+    tensorboard = None
+    if primary:
+        purge_step = resumed_at + 1 if job.resume else None
+        tensorboard = TensorBoardLog(workdir / "tensorboard", purge_step=purge_step)
+    log = MetricsLog(metrics_path if primary else None, tensorboard)
     tracker, best_checkpointer = best_tracking(opt, workdir, checkpointer, resumed_at)
-    profiler = StepProfiler(
-        workdir / "profile", parse_step_range(opt.profile_steps) if opt.profile_steps else None
-    )
+    profiled = parse_step_range(opt.profile_steps) if opt.profile_steps and primary else None
+    profiler = StepProfiler(workdir / "profile", profiled)
     step_fn = make_train_step(model, optimizer, opt.label_smoothing, opt.grad_accum)
     # With a mesh, evaluation, checkpoints and the final decoding work on a host copy of the
     # state: running other sharded programs between train steps can deadlock XLA:CPU's
     # collectives on fake devices, and a host copy is what they need anyway.
-    on_host = jax.device_get if opt.mesh else (lambda tree: tree)
+    # With several processes the state is spread over them: host_copy gathers it (every
+    # process calls it, in the same order), and checkpoints are written by all of them.
+    on_host = host_copy if opt.mesh else (lambda tree: tree)
+    to_checkpoint = (lambda tree: tree) if multi_process else on_host
     if opt.mesh:
         # One code path: the mesh decides how the state and the batch are laid out.
-        mesh = make_mesh(opt.mesh)
         # Each micro-batch is split over `data` (steps.split_micro_batches keeps rows in place).
         check_config_fits(cfg, mesh, opt.batch_size // opt.grad_accum)
+        if multi_process:  # the same host values in every process, placed on the global mesh
+            state = jax.device_get(state)  # (a process cannot send its device arrays to others)
         state, train_step = shard_training(mesh, state, step_fn, model=model)
         print(f"sharded over mesh {dict(mesh.shape)} of {mesh.devices.size} devices")
     else:
@@ -193,7 +207,10 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     train_time, tokens, window, stop_reason = 0.0, 0, [], None
     wall_start = time.perf_counter()
     tick = time.perf_counter()
-    bar = tqdm(total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+        disable=not primary,
+    )  # fmt: skip
     try:
         for done in range(start_step + 1, opt.steps + 1):
             batch = next(loader)
@@ -202,8 +219,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             profiler.after(done, state)
             if opt.mesh:  # one sharded program at a time (see on_host above)
                 jax.block_until_ready(state)
-            tokens += int((batch["tgt_out"] != pad).sum())
-            window.append(metrics)
+            window.append(metrics)  # its token counts are added to `tokens` when logged
             bar.update(1)
             stop = ask("step", done, metrics, state)
             reason = "hook" if stop else None
@@ -215,16 +231,19 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 continue
             jax.block_until_ready(state)
             train_time += time.perf_counter() - tick
+            # The global batches' target tokens (a process holds only its own rows).
+            seen = tokens + sum(int(m["token_count"]) for m in window)
             record = {
                 "kind": "train",
                 "step": done,
                 "train_loss": _checked_loss(window, state, done, checkpointer),
                 "lr": float(schedule(done - 1)),
                 "grad_norm": float(metrics["grad_norm"]),
-                "tokens_per_sec": tokens / max(train_time, 1e-9),
+                "tokens_per_sec": seen / max(train_time, 1e-9),
             }
             if log_now or save_now:
                 log.write(record)
+                tokens = seen
                 window.clear()
                 bar.set_postfix(
                     loss=f"{record['train_loss']:.4f}", tok_s=f"{tokens / train_time:.0f}"
@@ -246,10 +265,11 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                     stop = save_now = True
                     if window:  # the stop step is logged and saved like any last step
                         log.write(record)
+                        tokens = seen
                         window.clear()
             if save_now:
                 extra = {"best": tracker.to_json()} if tracker else None
-                checkpointer.save(on_host(state), loader.state(), extra)
+                checkpointer.save(to_checkpoint(state), loader.state(), extra)
                 if tracker is not None:
                     prune_best(best_checkpointer, tracker)
             if stop:
@@ -260,7 +280,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         raise save_failed(err, checkpointer, metrics_path) from None
     finally:
         profiler.stop()
-        tensorboard.flush()  # a crashed run's events are on disk; a resume purges the stale ones
+        if tensorboard is not None:  # a crashed run's events are on disk; a resume purges them
+            tensorboard.flush()
         bar.close()
         checkpointer.close()
     stats = {
@@ -276,7 +297,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             log, best,
         )  # fmt: skip
     finally:
-        tensorboard.close()
+        if tensorboard is not None:
+            tensorboard.close()
         if best_checkpointer is not None:
             best_checkpointer.close()
 
@@ -350,7 +372,8 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         "valid_examples": len(job.valid_set),
     }
     pictures = {}
-    if not is_lm(model):
+    # Decoding is for results.json, which process 0 writes, and for --keep-best exact_match.
+    if not is_lm(model) and (is_primary() or opt.keep_best == "exact_match"):
         decoded = evaluate_decoding(
             model,
             params,
@@ -368,7 +391,6 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
                 zip(decoded.sources, decoded.references, decoded.hypotheses, strict=True)
             )[: opt.num_examples]
         ]
-        pictures["attention"] = str(_attention_picture(model, params, job, workdir))
     else:
         # Perplexity from the plain cross-entropy (the training loss is label-smoothed).
         nll = evaluate_loss(jax.jit(make_eval_step(model, 0.0)), params, valid_batches)["loss"]
@@ -384,6 +406,14 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
             best_checkpointer.save(state)
             prune_best(best_checkpointer, tracker)  # the run is over: one best checkpoint
         results["best"] = tracker.to_json()
+    best_params = None
+    if best_checkpointer is not None and tracker.best_step is not None:
+        best_checkpointer.wait()  # (every process takes part in a restore)
+        best_params = best_checkpointer.restore_params(params, tracker.best_step)
+    if not is_primary():  # process 0 alone writes the pictures, weights and results
+        return results | stats
+    if not is_lm(model):
+        pictures["attention"] = str(_attention_picture(model, params, job, workdir))
     tensorboard = log.tensorboard
     if "examples" in results:
         tensorboard.examples(results["examples"], step)
@@ -392,10 +422,8 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     metrics_path = workdir / "metrics.jsonl"
     pictures["curves"] = str(plot_curves(read_metrics(metrics_path), workdir / "curves.png"))
     weights = export_weights(workdir, "", params, cfg, job.model_kind)
-    if best_checkpointer is not None and tracker.best_step is not None:
+    if best_params is not None:
         # The best checkpoint's weights too (best_*.safetensors), for the same uses.
-        best_checkpointer.wait()
-        best_params = best_checkpointer.restore_params(params, tracker.best_step)
         best_weights = export_weights(workdir, "best_", best_params, cfg, job.model_kind)
         weights |= {f"best_{name}": path for name, path in best_weights.items()}
     results.update(

@@ -178,6 +178,40 @@ class DataOptions:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class DistributedOptions:
+    """How this process joins a multi-process run (training/distributed.py). They belong to
+    one launch, not to the run: run.json does not keep them, and a resume gives its own."""
+
+    coordinator: str | None = option(
+        None,
+        "HOST:PORT of process 0, where the processes meet (with --num-processes and "
+        "--process-id); without these flags a SLURM or Open MPI job of several tasks is "
+        "detected, else the run is one process",
+        metavar="HOST:PORT",
+    )
+    num_processes: int | None = option(None, "processes in the run", type=int, metavar="N")
+    process_id: int | None = option(None, "this process: 0 .. N-1", type=int, metavar="I")
+
+    def __post_init__(self):
+        names = ("coordinator", "num_processes", "process_id")
+        given = [name for name in names if getattr(self, name) is not None]
+        if not given:
+            return
+        missing = [f"--{name.replace('_', '-')}" for name in names if name not in given]
+        if missing:
+            raise OptionError(given[0], "needs " + " and ".join(missing))
+        host, sep, port = self.coordinator.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise OptionError("coordinator", f"must be HOST:PORT, got {self.coordinator!r}")
+        if self.num_processes < 1:
+            raise OptionError("num_processes", f"must be >= 1, got {self.num_processes}")
+        if not 0 <= self.process_id < self.num_processes:
+            raise OptionError(
+                "process_id", f"must be in 0..{self.num_processes - 1}, got {self.process_id}"
+            )
+
+
 def option_fields(cls) -> dict[str, dataclasses.Field]:
     """name -> field of an options class (for building command-line flags)."""
     return {field.name: field for field in dataclasses.fields(cls)}

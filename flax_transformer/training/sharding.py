@@ -22,9 +22,9 @@ Entry point for a training loop:
     state, step = shard_training(mesh, state, train_step, model=model)
     state, metrics = step(state, batch)         # batch: host numpy, sharded over `data`
 
-Many hosts: call `jax.distributed.initialize()` before anything else in every process; the
-mesh then spans all processes' devices (jax.devices()), and each host passes its slice of the
-global batch through `step` (see `shard_batch`).
+Many processes (distributed.py joins them): the mesh spans all processes' devices
+(jax.devices()), and each process passes its rows of the global batch through `step` (see
+`shard_batch`).
 """
 
 from __future__ import annotations
