@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flax_transformer.export.output import ExportError, check_output_dir
+from flax_transformer.export.output import ExportError, check_float32, check_output_dir
 
 FORMATS = ("stablehlo", "onnx", "torch-int8")
 
@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def export_run(run, args: argparse.Namespace, directory: Path) -> dict:
     """Writes the chosen format's files into `directory`; returns the manifest."""
+    if args.format != "stablehlo":
+        check_float32(run.config, args.format)  # before torch is imported
     if args.format == "stablehlo":
         from flax_transformer.export.stablehlo import default_max_new_tokens, export_stablehlo
 

@@ -22,7 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.export.greedy_loop import greedy_loop, lm_prompt_lengths, seq2seq_prompts
-from flax_transformer.export.output import MANIFEST, ExportError, tensor_spec, write_manifest
+from flax_transformer.export.output import (
+    MANIFEST,
+    ExportError,
+    check_float32,
+    tensor_spec,
+    write_manifest,
+)
 from flax_transformer.spec.kinds import LM
 
 OPSET = 18
@@ -63,7 +69,6 @@ def export_onnx(run, directory: Path, *, opset: int = OPSET) -> dict:
     from flax_transformer.export.torch_twin import (
         DecoderGraph,
         EncoderGraph,
-        check_float32,
         example_tokens,
         torch_twin,
     )

@@ -56,6 +56,17 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         staging.rename(out)
 
 
+def check_float32(config, fmt: str) -> None:
+    """The torch-based formats are float32 graphs; the twin also keeps one dtype for params and
+    computation, so a mixed-precision run (dtype != param_dtype) cannot be expressed."""
+    if config.dtype != "float32" or config.param_dtype != "float32":
+        raise ExportError(
+            f"--format {fmt} writes float32 graphs, but this run has dtype {config.dtype!r} and "
+            f"param_dtype {config.param_dtype!r} (config.json); --format stablehlo exports it "
+            "as it is"
+        )
+
+
 def tensor_spec(name: str, dtype: str, shape: list[str | int]) -> dict[str, Any]:
     """One input or output of an exported file: its name, dtype and shape (str = dynamic)."""
     return {"name": name, "dtype": dtype, "shape": list(shape)}

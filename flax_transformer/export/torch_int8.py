@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from flax_transformer.export.greedy_loop import greedy_loop, lm_prompt_lengths, seq2seq_prompts
-from flax_transformer.export.output import MANIFEST, tensor_spec, write_manifest
-from flax_transformer.export.torch_twin import check_float32, example_tokens, torch_twin
+from flax_transformer.export.output import MANIFEST, check_float32, tensor_spec, write_manifest
+from flax_transformer.export.torch_twin import example_tokens, torch_twin
 from flax_transformer.spec.kinds import LM
 
 TORCHSCRIPT = "model_int8.pt"

@@ -11,17 +11,6 @@ from flax_transformer.interop.convert import flax_to_torch_state
 from flax_transformer.spec.kinds import LM
 
 
-def check_float32(config, fmt: str) -> None:
-    """The torch-based formats are float32 graphs; the twin also keeps one dtype for params and
-    computation, so a mixed-precision run (dtype != param_dtype) cannot be expressed."""
-    if config.dtype != "float32" or config.param_dtype != "float32":
-        raise ExportError(
-            f"--format {fmt} writes float32 graphs, but this run has dtype {config.dtype!r} and "
-            f"param_dtype {config.param_dtype!r} (config.json); --format stablehlo exports it "
-            "as it is"
-        )
-
-
 def torch_twin(run) -> torch.nn.Module:
     """torch_reference.Transformer / TransformerLM with the run's weights, in eval mode."""
     cls = torch_reference.TransformerLM if run.model_kind == LM else torch_reference.Transformer
