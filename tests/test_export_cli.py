@@ -107,3 +107,11 @@ def test_staged_output_replaces_only_on_success(tmp_path):
     with staged_output(out, force=True) as staging:
         (staging / "new.txt").write_text("new")
     assert [p.name for p in out.iterdir()] == ["new.txt"] and leftovers(tmp_path) == []
+
+
+def test_missing_onnx_exporter_says_what_to_install(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "onnxscript", None)  # import fails
+    assert main([str(runs["seq2seq"]), "--format", "onnx", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--format onnx needs onnxscript: pip install 'flax-transformer[export]'" in err
+    assert leftovers(tmp_path) == []
