@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -66,6 +67,9 @@ def check_round_trip(run_dir: Path, tmp: Path, kind: str, int8: bool) -> None:
     assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["int8"] is int8 and manifest["files"]["greedy"]["max_new_tokens"] == N_NEW
+    for name in ("forward", "greedy"):  # int8 weights are stored as int8 constants
+        module = jax.export.deserialize((out / f"{name}.stablehlo").read_bytes()).mlir_module()
+        assert ("xi8>" in module) is int8, name
     run = load_run(run_dir)
     model, variables = run.model, run.params
     if int8:

@@ -41,7 +41,9 @@ class Int8Matrix:
     dtype: str = struct.field(pytree_node=False, default="float32")
 
     def dequantize(self) -> jax.Array:
-        return (self.values.astype(jnp.float32) * self.scale).astype(self.dtype)
+        # jnp, not numpy: on constants (weights baked into an export) the convert is staged
+        # into the program, so the int8 values are what it stores.
+        return (jnp.asarray(self.values).astype(jnp.float32) * self.scale).astype(self.dtype)
 
     @property
     def nbytes(self) -> int:
