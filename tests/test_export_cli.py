@@ -61,6 +61,8 @@ def test_flags_that_do_not_apply(runs, tmp_path, capsys):
     )
     err = flag_error([*base, "--format", "torch-int8", "--max-new-tokens", "3"], capsys)
     assert "--max-new-tokens applies to --format stablehlo" in err
+    err = flag_error([*base, "--format", "stablehlo", "--platforms", "cpu,gpu"], capsys)
+    assert "--platforms must name some of cpu, cuda, rocm, tpu, got ['gpu']" in err
     err = flag_error(
         [str(tmp_path / "nope"), "--format", "onnx", "--out", str(tmp_path / "o")], capsys
     )

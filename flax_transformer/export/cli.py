@@ -20,6 +20,7 @@ from pathlib import Path
 from flax_transformer.export.output import ExportError, check_float32, check_output_dir
 
 FORMATS = ("stablehlo", "onnx", "torch-int8")
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,8 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
         parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
     args.platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
-    if not args.platforms:
-        parser.error("--platforms names no platform")
+    unknown = sorted(set(args.platforms) - set(PLATFORMS))
+    if unknown or not args.platforms:
+        parser.error(f"--platforms must name some of {', '.join(PLATFORMS)}, got {unknown}")
     if not args.run_dir.is_dir():
         parser.error(f"RUN_DIR {args.run_dir} is not a directory")
     try:
