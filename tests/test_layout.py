@@ -25,6 +25,7 @@ ALLOWED = {
     "parity": {"spec", "nn", "interop", "parity"},
     # Hugging Face checkpoints: an entry-point-level room (load / save / the run-dir CLI).
     "hf": {"spec", "nn", "decoding", "interop", "training", "parity", "hf"},
+    "export": {"spec", "nn", "decoding", "interop", "export"},
 }
 ENTRY_POINTS = {"cli.py", "__main__.py"}
 MAX_LINES = 600
@@ -93,7 +94,7 @@ def test_importing_the_packages_loads_no_jax():
     code = (
         "import sys, flax_transformer, torch_reference, flax_transformer.spec.config, "
         "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding, "
-        "flax_transformer.hf; "
+        "flax_transformer.hf, flax_transformer.export; "
         "loaded = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
@@ -110,6 +111,7 @@ def test_importing_the_packages_loads_no_jax():
         "flax_transformer.parity",
         "flax_transformer.interop",
         "flax_transformer.hf",
+        "flax_transformer.export",
     ],
 )
 def test_every_public_name_resolves(package):

@@ -57,6 +57,27 @@ def _search(
     return greedy_or_sample(stepper, prompts, strategy, eos_id, rng, **sizes)
 
 
+def search(
+    model,
+    variables,
+    prompts: Prompts,
+    source: Source | None,
+    strategy: Strategy,
+    *,
+    max_new_tokens: int,
+    prefix_len: int,
+    eos_id: int | None,
+    rng: jax.Array | None = None,
+    use_cache: bool = True,
+):
+    """`generate` after its host-side checks: for callers that build Prompts (and the Source)
+    themselves, e.g. under a trace with symbolic shapes (jax.export). prefix_len tokens of
+    every prompt are prefilled at once (at most the shortest prompt's length)."""
+    shape = _Shape(int(max_new_tokens), int(prefix_len), model.config.pad_id, bool(use_cache))
+    eos = jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)  # -1: no EOS, never stops
+    return _search(model, variables, prompts, source, strategy, eos, rng, shape)
+
+
 def generate(
     model,
     variables,
@@ -98,14 +119,10 @@ def generate(
         bos_id=bos_id,
         eos_id=eos_id,
     )
-    shape = _Shape(
-        max_new_tokens=int(max_new_tokens),
-        prefix_len=int(prompts.lengths.min()),
-        pad_id=model.config.pad_id,
-        use_cache=bool(use_cache),
-    )
-    eos = jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)  # -1: no EOS, never stops
-    return _search(model, variables, prompts, source, strategy, eos, rng, shape)
+    return search(
+        model, variables, prompts, source, strategy, max_new_tokens=max_new_tokens,
+        prefix_len=int(prompts.lengths.min()), eos_id=eos_id, rng=rng, use_cache=use_cache,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------- the historical names: one call each

@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--echo", action="store_true", help="LM runs: print prompt + output")
     parser.add_argument(
+        "--int8", action="store_true", help="int8 weights (per-channel scales; export.int8)"
+    )
+    parser.add_argument(
         "--checkpoint",
         metavar="last|best|STEP",
         help="which checkpoint: the latest, the best (train.py --keep-best) or a step number "
@@ -262,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
         return 2
     generator = Generator(run, args)
+    if args.int8:  # int8 matrices in memory, dequantised inside the jitted decoder
+        from flax_transformer.export.int8 import int8_model, quantize_variables
+
+        generator.model, run.params = int8_model(run.model), quantize_variables(run.params)
     problem = check_flags_against_model(args, run.config)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

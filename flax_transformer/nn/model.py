@@ -33,7 +33,17 @@ def check_tokens(name: str, tokens: jax.Array, max_len: int, vocab: int | None =
         raise ValueError(f"{name} must be (batch, length) token ids, got shape {tokens.shape}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.shape[1] > max_len:
+    try:
+        too_long = tokens.shape[1] > max_len
+    except jax.errors.InconclusiveDimensionOperation:
+        # A symbolic length (jax.export) with no upper bound: past max_len the position
+        # table would be read out of range, so the bound must be declared.
+        raise ValueError(
+            f"{name} has the symbolic length {tokens.shape[1]}, which may exceed the model's "
+            f"max_len {max_len}: declare it, jax.export.symbolic_shape(..., constraints="
+            f"['{tokens.shape[1]} <= {max_len}'])"
+        ) from None
+    if too_long:
         raise ValueError(
             f"{name} has length {tokens.shape[1]}, longer than the model's max_len {max_len}"
         )
@@ -45,8 +55,8 @@ def check_mask(name: str, mask: jax.Array | None, target: tuple[int, ...]) -> No
     """A mask must broadcast to `target` = (batch, heads, q_len, k_len)."""
     if mask is None:
         return
-    try:
-        np.broadcast_shapes(mask.shape, target)
+    try:  # jnp's, not np's: it accepts symbolic sizes (jax.export with symbolic shapes)
+        jnp.broadcast_shapes(mask.shape, target)
     except ValueError:
         raise ValueError(
             f"{name} of shape {mask.shape} does not broadcast to (batch, heads, q_len, k_len) "
