@@ -82,12 +82,20 @@ class Diagnosis:
     detail: str
     weights: tuple[WeightComparison, ...]
     hyperparameters: tuple[HyperparameterComparison, ...]
+    # torch tensors computed between the last agreeing one and the divergence that had no
+    # Flax counterpart (e.g. an activation module): the divergence may have started there.
+    unverified: tuple[str, ...] = ()
 
     def format_lines(self) -> list[str]:
         lines = [
             f"weights of {self.torch_module} (torch) vs {self.flax_module} (flax): "
             f"{self.verdict}" + (f": {self.detail}" if self.detail else "")
         ]
+        if self.unverified:
+            lines.append(
+                "  not compared (no Flax counterpart) since the last agreeing tensor: "
+                + ", ".join(self.unverified)
+            )
         for w in self.weights:
             err = "" if w.rel is None else f"  max abs {w.max_abs:.3e}  rel {w.rel:.3e}"
             note = f"  ({w.note})" if w.note else ""
@@ -105,6 +113,7 @@ class Diagnosis:
             "flax_module": self.flax_module,
             "verdict": self.verdict,
             "detail": self.detail,
+            "unverified": list(self.unverified),
             "weights": [dataclasses.asdict(w) for w in self.weights],
             "hyperparameters": [
                 {

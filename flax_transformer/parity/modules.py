@@ -154,7 +154,7 @@ def compare_modules(
         pairing.modules,
         tol,
     )
-    return dataclasses.replace(report, diagnosis=diagnosis)
+    return dataclasses.replace(report, diagnosis=_with_unverified(diagnosis, rows))
 
 
 def assert_parity(*args, **kwargs) -> ParityReport:
@@ -166,6 +166,17 @@ def assert_parity(*args, **kwargs) -> ParityReport:
 
 
 # ----------------------------------------------------------------------------- helpers
+def _with_unverified(diagnosis, rows: list[TensorComparison]):
+    """Torch-only tensors between the last agreeing row and the first failure."""
+    first = next(i for i, r in enumerate(rows) if not r.ok)
+    unverified = []
+    for row in reversed(rows[:first]):
+        if row.status != STATUS_MISSING:
+            break
+        unverified.append(row.name)
+    return dataclasses.replace(diagnosis, unverified=tuple(unverified[::-1]))
+
+
 def _missing(value: Captured, why: str, *, torch_side: bool) -> TensorComparison:
     name = value.name if torch_side else "-"
     return TensorComparison(
