@@ -225,11 +225,46 @@ def compare_weights_of(
             continue
         used.add(match)
         results.append(_judge(match, flax_rel, torch_w[match], array, torch_module, siblings, tol))
-    # Whatever the names did not pair: in order, by size.
     rest = [k for k in torch_w if k not in used]
+    # A torch weight holding several Flax weights stacked on axis 0 (nn.MultiheadAttention's
+    # in_proj_weight = query, key, value): its chunks pair with the Flax weights of the chunk's
+    # size and kind, query/key/value-named ones first in that order, then in tree order.
+    for name in list(rest):
+        for chunks in range(2, 5):
+            array = torch_w[name]
+            if array.shape[0] % chunks:
+                continue
+            size = array.size // chunks
+            takers = [f for f in pending if flax_w[f].size == size and _same_kind(name, f)]
+            takers = sorted(takers, key=_qkv_rank)  # stable: unknown names keep their order
+            if len(takers) < chunks:
+                continue
+            rest.remove(name)
+            step = array.shape[0] // chunks
+            names = [f"{name}[{c * step}:{(c + 1) * step}]" for c in range(chunks)]
+            for c, chunk_name in enumerate(names):  # every chunk a swap candidate
+                torch_w[chunk_name] = array[c * step : (c + 1) * step]
+                siblings[_join(torch_module, chunk_name, ".")] = torch_w[chunk_name]
+            for chunk_name, flax_rel in zip(names, takers[:chunks], strict=True):
+                pending.remove(flax_rel)
+                results.append(
+                    _judge(
+                        chunk_name,
+                        flax_rel,
+                        torch_w[chunk_name],
+                        flax_w[flax_rel],
+                        torch_module,
+                        siblings,
+                        tol,
+                    )
+                )
+            break
+    # Whatever the names did not pair: in order, by size and kind.
     for flax_rel in pending:
         array = flax_w[flax_rel]
-        match = next((k for k in rest if torch_w[k].size == array.size), None)
+        match = next(
+            (k for k in rest if torch_w[k].size == array.size and _same_kind(k, flax_rel)), None
+        )
         if match is None:
             results.append(WeightComparison(None, flax_rel, FLAX_ONLY))
             continue
@@ -238,6 +273,21 @@ def compare_weights_of(
         results.append(dataclasses.replace(judged, note=_and(judged.note, "paired by size")))
     results += [WeightComparison(k, None, TORCH_ONLY) for k in rest]
     return results
+
+
+def _qkv_rank(flax_rel: str) -> int:
+    """0/1/2 for a query/key/value weight (query, q, q_proj, to_q, ...), 3 for others."""
+    parent = flax_rel.split("/")[-2] if "/" in flax_rel else ""
+    for rank, names in enumerate((("query", "q"), ("key", "k"), ("value", "v"))):
+        if parent in names or any(parent in (f"{n}_proj", f"to_{n}") for n in names):
+            return rank
+    return 3
+
+
+def _same_kind(torch_name: str, flax_rel: str) -> bool:
+    """A bias pairs with a bias, a weight with a weight (unknown leaf names with anything)."""
+    leaf = LEAF_TO_TORCH.get(flax_rel.split("/")[-1])
+    return leaf is None or torch_name.rsplit(".", 1)[-1].endswith(leaf)
 
 
 def _and(a: str, b: str) -> str:

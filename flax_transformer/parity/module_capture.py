@@ -83,6 +83,8 @@ def _torch_to_numpy(value) -> np.ndarray | None:
     if not isinstance(value, torch.Tensor):
         return None
     value = value.detach().cpu()
+    if value.is_nested:  # torch.nn's encoder fast path: padding positions come back as zeros
+        value = value.to_padded_tensor(0.0)
     if value.dtype == torch.bfloat16:
         value = value.float()
     return value.numpy()

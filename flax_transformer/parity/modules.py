@@ -112,7 +112,7 @@ def compare_modules(
     for value in torch_values:
         pair = flax_of.get(id(value))
         if pair is None:
-            rows.append(_missing(value, "no Flax counterpart", torch_side=True))
+            rows.append(_missing(value))
             continue
         row = compare_tensor(
             value.name, pair.flax.array, value.array, tol, valid(pair.flax.name, pair.flax.shape)
@@ -123,7 +123,6 @@ def compare_modules(
                 row, module=value.module, flax_name=pair.flax.name, paired_by=pair.how, note=note
             )
         )
-    rows += [_missing(v, "no torch counterpart", torch_side=False) for v in pairing.flax_only]
     report = ParityReport(
         tuple(rows),
         tol,
@@ -135,8 +134,8 @@ def compare_modules(
                 how: sum(p.how == how for p in pairing.pairs)
                 for how in ("mapping", "canonical", "auto")
             },
-            "torch_only": len(pairing.torch_only),
-            "flax_only": len(pairing.flax_only),
+            "torch_only": len(pairing.torch_only),  # listed in the table as "missing"
+            "flax_unpaired": [v.name for v in pairing.flax_only],
             "mapping_problems": pairing.problems,
             "flax_dtype_fields": dtype_fields,
         },
@@ -177,18 +176,17 @@ def _with_unverified(diagnosis, rows: list[TensorComparison]):
     return dataclasses.replace(diagnosis, unverified=tuple(unverified[::-1]))
 
 
-def _missing(value: Captured, why: str, *, torch_side: bool) -> TensorComparison:
-    name = value.name if torch_side else "-"
+def _missing(value: Captured) -> TensorComparison:
+    """A torch tensor no Flax value was paired with."""
     return TensorComparison(
-        name,
+        value.name,
         value.shape,
         None,
         None,
         0,
         STATUS_MISSING,
-        why,
-        module=value.module if torch_side else "-",
-        flax_name="-" if torch_side else value.name,
+        "no Flax counterpart",
+        module=value.module,
     )
 
 

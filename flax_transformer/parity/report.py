@@ -161,6 +161,10 @@ class ParityReport:
                 text += f"  ({t.note})"
             out.append(text)
         out.append(self.summary())
+        unpaired = self.info.get("flax_unpaired")
+        if unpaired:
+            shown = ", ".join(unpaired[:12]) + (", ..." if len(unpaired) > 12 else "")
+            out.append(f"Flax values without a torch counterpart ({len(unpaired)}): {shown}")
         if self.diagnosis is not None:
             out.extend(self.diagnosis.format_lines())
         return "\n".join(out)
