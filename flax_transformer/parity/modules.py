@@ -27,7 +27,7 @@ from flax_transformer.parity.module_capture import (
     capture_flax_module,
     capture_torch_module,
 )
-from flax_transformer.parity.pairing import Mapping_, pair_tensors
+from flax_transformer.parity.pairing import NameMapping, pair_tensors
 from flax_transformer.parity.report import (
     DEFAULT_TOLERANCES,
     STATUS_MISSING,
@@ -51,7 +51,7 @@ def compare_modules(
     variables: Mapping[str, Any],
     flax_args: Sequence[Any],
     *,
-    mapping: Mapping_ = None,
+    mapping: NameMapping = None,
     dtype: str = "float64",
     rtol: float | None = None,
     transforms: Mapping[str, Transform] | None = None,

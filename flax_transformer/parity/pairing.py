@@ -29,7 +29,7 @@ from flax_transformer.spec.naming import module_name
 CANONICAL, MAPPING, AUTO = "canonical", "mapping", "auto"
 MAX_ALIGNMENT_CELLS = 4_000_000  # beyond this the fallback aligns greedily
 
-Mapping_ = Mapping[str, str] | Callable[[str], str | None] | None
+NameMapping = Mapping[str, str] | Callable[[str], str | None] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ def canonical_torch_names(flax_module: str) -> list[str]:
     return list(dict.fromkeys([module_name(parts), generic]))
 
 
-def mapped_name(mapping: Mapping_, torch_module: str) -> str | None:
+def mapped_name(mapping: NameMapping, torch_module: str) -> str | None:
     if mapping is None:
         return None
     if callable(mapping):
@@ -70,7 +70,7 @@ def mapped_name(mapping: Mapping_, torch_module: str) -> str | None:
 
 
 def pair_modules(
-    torch_modules: Sequence[str], flax_modules: Sequence[str], mapping: Mapping_
+    torch_modules: Sequence[str], flax_modules: Sequence[str], mapping: NameMapping
 ) -> tuple[dict[str, tuple[str, str]], list[str]]:
     """{torch module: (flax module, how)} by the mapping, then the canonical rule."""
     flax_set = set(flax_modules)
@@ -162,7 +162,7 @@ def pair_tensors(
     torch_values: Sequence[Captured],
     flax_values: Sequence[Captured],
     *,
-    mapping: Mapping_ = None,
+    mapping: NameMapping = None,
     auto: bool = True,
     agree: Callable[[Captured, Captured], bool] = lambda a, b: False,
 ) -> Pairing:
