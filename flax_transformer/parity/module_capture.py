@@ -34,6 +34,9 @@ class Captured:
     call: int  # 0 for the module's first call, 1 for its second, ...
     array: np.ndarray
     sown: bool = False
+    # Flax: the module call's first positional input, for transforms that need it
+    # (transforms.minus_input: a module that adds to its input, e.g. positions).
+    input: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -154,6 +157,7 @@ def capture_flax_module(
     stack: list[Any] = []
     sown_seen: dict[tuple[str, str], int] = {}
     call_count: dict[str, int] = {}
+    first_inputs: dict[tuple[str, int], Any] = {}  # (module, call) -> first positional input
 
     def note_sown(bound) -> None:
         """Record what `bound` has sown since the last look (sows happen in its own frame)."""
@@ -182,6 +186,8 @@ def capture_flax_module(
         finally:
             stack.pop()
         order.append((name, "__call__", call_count.get(name, 0)))
+        if call_args:
+            first_inputs[name, call_count.get(name, 0)] = call_args[0]
         call_count[name] = call_count.get(name, 0) + 1
         return result
 
@@ -201,8 +207,9 @@ def capture_flax_module(
         if outputs is None or index >= len(outputs):
             continue  # e.g. a call the interceptor saw but capture_intermediates did not keep
         if key == "__call__":
+            first_input = _jax_to_numpy(first_inputs.get((name, index)))
             for out_key, array in flatten_output(outputs[index], _jax_to_numpy):
-                values.append(Captured(name, out_key, index, array))
+                values.append(Captured(name, out_key, index, array, input=first_input))
         else:
             array = _jax_to_numpy(outputs[index])
             if array is not None:

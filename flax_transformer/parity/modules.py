@@ -55,6 +55,7 @@ def compare_modules(
     dtype: str = "float64",
     rtol: float | None = None,
     transforms: Mapping[str, Transform] | None = None,
+    flax_transforms: Mapping[str, Transform] | None = None,
     mask: MaskSpec = None,
     auto_pair: bool = True,
     torch_kwargs: Mapping[str, Any] | None = None,
@@ -67,7 +68,9 @@ def compare_modules(
     mapping: None (the canonical rule, then the automatic fallback), {regex: replacement} from
     torch module names to Flax paths ('/'-separated), or a callable torch_name -> path | None.
     transforms: {regex over torch tensor/module names: transform} (see parity.transforms),
-    bringing a torch tensor to the Flax layout. mask: see MaskSpec; masked entries are left out.
+    bringing a torch tensor to the Flax layout; flax_transforms: the same for Flax tensors
+    (names `path`, `path:key`; may read the module's input: transforms.minus_input).
+    mask: see MaskSpec; masked entries are left out.
     rtol: relative tolerance (max |flax - torch| / max |torch|), default 1e-10 for float64 and
     1e-5 for float32. auto_pair=False leaves tensors the mapping / rule did not pair unpaired.
     Floating inputs are cast to `dtype`, integer ones kept; the torch side is the reference.
@@ -93,7 +96,8 @@ def compare_modules(
             _cast_floating(flax_args, dtype),
             _cast_floating(flax_kwargs or {}, dtype),
         )
-    torch_values, applied = _apply_transforms(torch_values, transforms)
+    torch_values, applied = _apply_transforms(torch_values, transforms, "torch")
+    flax_values, flax_applied = _apply_transforms(flax_capture.values, flax_transforms, "flax")
     valid = _mask_fn(mask)
 
     def agree(t: Captured, f: Captured) -> bool:
@@ -104,9 +108,7 @@ def compare_modules(
             a, b = a[select], b[select]
         return error_stats(a, b)[1] <= tol
 
-    pairing = pair_tensors(
-        torch_values, flax_capture.values, mapping=mapping, auto=auto_pair, agree=agree
-    )
+    pairing = pair_tensors(torch_values, flax_values, mapping=mapping, auto=auto_pair, agree=agree)
     rows = []
     flax_of = {id(p.torch): p for p in pairing.pairs}
     for value in torch_values:
@@ -117,7 +119,9 @@ def compare_modules(
         row = compare_tensor(
             value.name, pair.flax.array, value.array, tol, valid(pair.flax.name, pair.flax.shape)
         )
-        note = _join_notes(row.note, applied.get(value.name, ""))
+        note = _join_notes(
+            row.note, applied.get(value.name, ""), flax_applied.get(pair.flax.name, "")
+        )
         rows.append(
             dataclasses.replace(
                 row, module=value.module, flax_name=pair.flax.name, paired_by=pair.how, note=note
@@ -256,7 +260,10 @@ def _torch_inputs(tree, dtype: str):
     return tree
 
 
-def _apply_transforms(values: list[Captured], transforms) -> tuple[list[Captured], dict]:
+def _apply_transforms(
+    values: list[Captured], transforms, side: str
+) -> tuple[list[Captured], dict[str, str]]:
+    """Each value whose name / module fully matches a regex of `transforms`, transformed."""
     if not transforms:
         return values, {}
     out, applied = [], {}
@@ -266,13 +273,16 @@ def _apply_transforms(values: list[Captured], transforms) -> tuple[list[Captured
             out.append(value)
             continue
         try:
-            array = np.asarray(transform(value.array))
+            if getattr(transform, "needs_input", False):
+                array = np.asarray(transform(value.array, value.input))
+            else:
+                array = np.asarray(transform(value.array))
         except Exception as err:  # a declared transform that does not fit this tensor
             raise ParityInputError(
-                f"transform {transform} failed on torch tensor {value.name} {value.shape}: {err}"
+                f"transform {transform} failed on {side} tensor {value.name} {value.shape}: {err}"
             ) from None
         out.append(dataclasses.replace(value, array=array))
-        applied[value.name] = f"torch side: {transform}"
+        applied[value.name] = f"{side} side: {transform}"
     return out, applied
 
 

@@ -3,7 +3,8 @@
 Modules are paired first, then the tensors inside each module pair:
 1. `mapping` (the user's): a dict {regex: replacement} from torch module names to Flax module
    paths ('/'-separated; the first regex that fully matches wins, groups as in re.sub), or a
-   callable torch_name -> flax_path | None.
+   callable torch_name -> flax_path | None. `path#k` pairs the torch module's calls with the
+   Flax module's calls from the k-th on (two torch modules, one Flax module run twice).
 2. the canonical rule for modules the mapping left: a Flax path names the torch module that
    spec.naming.module_name gives it (`encoder/layers_0/ffn` <-> `encoder.layers.0.ffn`), and
    more generally `name_3` <-> `name.3` (linen lists <-> torch ModuleList).
@@ -69,23 +70,34 @@ def mapped_name(mapping: NameMapping, torch_module: str) -> str | None:
     return None
 
 
+def split_call(target: str) -> tuple[str, int]:
+    """'positions#1' -> ('positions', 1): a mapping target may start at a later call."""
+    module, _, call = target.rpartition("#")
+    if module and call.isdigit():
+        return module, int(call)
+    return target, 0
+
+
 def pair_modules(
     torch_modules: Sequence[str], flax_modules: Sequence[str], mapping: NameMapping
-) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """{torch module: (flax module, how)} by the mapping, then the canonical rule."""
+) -> tuple[dict[str, tuple[str, str, int]], list[str]]:
+    """{torch module: (flax module, how, first flax call)} by the mapping, then the canonical
+    rule. A mapping may send several torch modules to one Flax module (`path#1`: from its
+    second call on), e.g. two torch position modules to one Flax module called twice."""
     flax_set = set(flax_modules)
-    paired: dict[str, tuple[str, str]] = {}
+    paired: dict[str, tuple[str, str, int]] = {}
     used: set[str] = set()
     problems = []
     for name in torch_modules:
         target = mapped_name(mapping, name)
         if target is None:
             continue
-        if target not in flax_set:
+        module, call = split_call(target)
+        if module not in flax_set:
             problems.append(f"mapping sends {name!r} to {target!r}, which produced no Flax value")
-        elif target not in used:
-            paired[name] = (target, MAPPING)
-            used.add(target)
+        else:
+            paired[name] = (module, MAPPING, call)
+            used.add(module)
     canonical: dict[str, str] = {}
     for flax_name in flax_modules:
         for torch_name in canonical_torch_names(flax_name):
@@ -93,7 +105,7 @@ def pair_modules(
     for name in torch_modules:
         target = canonical.get(name)
         if name not in paired and target is not None and target not in used:
-            paired[name] = (target, CANONICAL)
+            paired[name] = (target, CANONICAL, 0)
             used.add(target)
     return paired, problems
 
@@ -180,13 +192,13 @@ def pair_tensors(
     for i, value in enumerate(torch_values):
         torch_by_module.setdefault(value.module, []).append(i)
 
-    for torch_module, (flax_module, how) in module_pairs.items():
+    for torch_module, (flax_module, how, first_call) in module_pairs.items():
         left = torch_by_module[torch_module]
-        right = flax_by_module[flax_module]
+        right = [j for j in flax_by_module[flax_module] if j not in flax_taken]
         keyed = {(flax_values[j].key, flax_values[j].call): j for j in right}
         rest_left = []
         for i in left:
-            j = keyed.pop((torch_values[i].key, torch_values[i].call), None)
+            j = keyed.pop((torch_values[i].key, torch_values[i].call + first_call), None)
             if j is not None and torch_values[i].shape == flax_values[j].shape:
                 by_torch[i] = (j, how)
                 flax_taken.add(j)

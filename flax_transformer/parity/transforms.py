@@ -11,6 +11,12 @@ common ones, with a readable name for the report:
     merge_heads()                (N, L, H, D) -> (N, L, H*D)
     heads_first(4)               (N, L, H*D) -> (N, H, L, D)
     chain(a, b)                  a then b
+
+`flax_transforms={regex: t}` does the same to Flax tensors (names `path`, `path:key`), and
+there a transform may also read the module's first input:
+
+    minus_input()                output - input: what a module added to its input (positions)
+    take(0)                      x[0]: one row of a batch (all rows equal, e.g. a table)
 """
 
 from __future__ import annotations
@@ -26,13 +32,21 @@ Transform = Callable[[np.ndarray], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class _Named:
-    """A transform with the name the report shows."""
+    """A transform with the name the report shows; `needs_input`: fn(array, module_input)."""
 
     name: str
-    fn: Transform
+    fn: Callable
+    needs_input: bool = False
 
-    def __call__(self, array: np.ndarray) -> np.ndarray:
-        return self.fn(array)
+    def __call__(self, array: np.ndarray, module_input: np.ndarray | None = None) -> np.ndarray:
+        if not self.needs_input:
+            return self.fn(array)
+        if module_input is None or np.shape(module_input) != np.shape(array):
+            raise ValueError(
+                f"{self.name} needs the module's first input of the output's shape "
+                f"{np.shape(array)}, got {None if module_input is None else np.shape(module_input)}"
+            )
+        return self.fn(array, module_input)
 
     def __str__(self) -> str:
         return self.name
@@ -70,15 +84,26 @@ def heads_first(num_heads: int) -> Transform:
     return _Named(f"heads_first({num_heads})", lambda x: np.swapaxes(split(x), -3, -2))
 
 
-def chain(*transforms: Transform) -> Transform:
-    """Apply `transforms` left to right."""
+def minus_input() -> Transform:
+    """output - the module's first input (Flax side only): what the module added."""
+    return _Named("minus_input", lambda x, module_input: x - module_input, needs_input=True)
 
-    def fn(x):
-        for t in transforms:
-            x = t(x)
+
+def take(index: int, axis: int = 0) -> Transform:
+    """np.take(x, index, axis): e.g. row 0 of a batch whose rows are all the same table."""
+    return _Named(f"take({index}, axis={axis})", lambda x: np.take(x, index, axis=axis))
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Apply `transforms` left to right (the first may read the module's input)."""
+
+    def fn(x, module_input=None):
+        for i, t in enumerate(transforms):
+            x = t(x, module_input) if i == 0 and getattr(t, "needs_input", False) else t(x)
         return x
 
-    return _Named(" then ".join(map(str, transforms)), fn)
+    needs_input = bool(transforms) and getattr(transforms[0], "needs_input", False)
+    return _Named(" then ".join(map(str, transforms)), fn, needs_input)
 
 
 def transform_for(
