@@ -21,7 +21,15 @@ from flax_transformer.parity.diagnosis import (
     WEIGHTS_DIFFER,
     WEIGHTS_SWAPPED,
 )
-from flax_transformer.parity.transforms import heads_first, merge_heads, split_heads, transpose
+from flax_transformer.parity.transforms import (
+    chain,
+    heads_first,
+    merge_heads,
+    minus_input,
+    split_heads,
+    take,
+    transpose,
+)
 
 D, HIDDEN, HEADS, BATCH, LENGTH = 8, 12, 2, 2, 5
 
@@ -294,3 +302,59 @@ def test_report_json_names_pairs_and_verdict(setup):
 def _args(setup, variables=None):
     torch_model, good, inputs = setup
     return torch_model, inputs, FlaxBlock(), good if variables is None else variables, inputs
+
+
+def test_flax_side_transforms_and_one_flax_module_called_twice():
+    """torch returns a position table per stream (two modules); the port has one module that
+    adds it to its input, called twice: `minus_input` recovers the table, `path#1` pairs the
+    second torch module with the second call."""
+
+    class TorchPositions(tnn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        def forward(self, length):
+            return self.table[:length]  # (length, D)
+
+    class TorchTwoStreams(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            table = tnn.Parameter(torch.randn(16, D))
+            self.src_pos, self.tgt_pos = TorchPositions(table), TorchPositions(table)
+
+        def forward(self, src, tgt):
+            return src + self.src_pos(src.shape[1]), tgt + self.tgt_pos(tgt.shape[1])
+
+    class AddPositions(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            table = self.param("table", nn.initializers.zeros, (16, D))
+            return x + table[: x.shape[1]]
+
+    class FlaxTwoStreams(nn.Module):
+        @nn.compact
+        def __call__(self, src, tgt):
+            positions = AddPositions()
+            return positions(src), positions(tgt)
+
+    torch.manual_seed(0)
+    torch_model = TorchTwoStreams()
+    table = torch_model.src_pos.table.detach().numpy().astype(np.float64)
+    variables = {"params": {"AddPositions_0": {"table": table}}}
+    rng = np.random.default_rng(0)
+    inputs = (rng.normal(size=(2, 5, D)), rng.normal(size=(2, 3, D)))
+    common = dict(
+        mapping={"src_pos": "AddPositions_0", "tgt_pos": "AddPositions_0#1"},
+        flax_transforms={"AddPositions_0": chain(minus_input(), take(0))},
+        auto_pair=False,
+    )
+    report = assert_parity(torch_model, inputs, FlaxTwoStreams(), variables, inputs, **common)
+    assert report["tgt_pos"].flax_name == "AddPositions_0#1"
+    assert report["tgt_pos"].note == "flax side: minus_input then take(0, axis=0)"
+    assert [t.status for t in report.tensors] == ["ok"] * 4  # both tables, both root outputs
+
+    rolled = {"params": {"AddPositions_0": {"table": np.roll(table, D // 2, axis=1)}}}
+    report = compare_modules(torch_model, inputs, FlaxTwoStreams(), rolled, inputs, **common)
+    assert report.first_divergence == "src_pos"
+    assert report.diagnosis.verdict == WEIGHTS_DIFFER
