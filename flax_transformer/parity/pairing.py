@@ -9,9 +9,10 @@ Modules are paired first, then the tensors inside each module pair:
    spec.naming.module_name gives it (`encoder/layers_0/ffn` <-> `encoder.layers.0.ffn`), and
    more generally `name_3` <-> `name.3` (linen lists <-> torch ModuleList).
 3. an automatic fallback for every tensor still unpaired (`auto=True`): the two sequences,
-   each in execution order, are aligned by shape (dynamic programming, the most pairs of equal
-   shape in order; among as many pairs, the alignment with the most pairs whose values agree).
-   Such pairs are marked `auto` in the report.
+   each in execution order, are aligned between the pairs already found (dynamic programming:
+   first the most pairs whose values agree, then between those the most pairs of equal
+   shape). Such pairs are marked `auto` in the report. A dict mapping's `None` value
+   (`{"lm_head": None}`) keeps a torch module out of every pairing.
 Inside a module pair, outputs pair by key and call ("0", "logits", ...), then the rest by order
 and shape, as in 3.
 """
@@ -58,7 +59,11 @@ def canonical_torch_names(flax_module: str) -> list[str]:
     return list(dict.fromkeys([module_name(parts), generic]))
 
 
-def mapped_name(mapping: NameMapping, torch_module: str) -> str | None:
+EXCLUDED = object()  # a dict mapping's None: never pair this torch module
+
+
+def mapped_name(mapping: NameMapping, torch_module: str):
+    """The Flax path the mapping gives, None (no opinion) or EXCLUDED."""
     if mapping is None:
         return None
     if callable(mapping):
@@ -66,7 +71,7 @@ def mapped_name(mapping: NameMapping, torch_module: str) -> str | None:
     for pattern, replacement in mapping.items():
         match = re.fullmatch(pattern, torch_module)
         if match:
-            return match.expand(replacement)
+            return EXCLUDED if replacement is None else match.expand(replacement)
     return None
 
 
@@ -92,6 +97,9 @@ def pair_modules(
         target = mapped_name(mapping, name)
         if target is None:
             continue
+        if target is EXCLUDED:
+            paired[name] = (EXCLUDED, MAPPING, 0)
+            continue
         module, call = split_call(target)
         if module not in flax_set:
             problems.append(f"mapping sends {name!r} to {target!r}, which produced no Flax value")
@@ -113,31 +121,55 @@ def pair_modules(
 def align(
     left: Sequence[Captured], right: Sequence[Captured], agree: Callable[[Captured, Captured], bool]
 ) -> list[tuple[int, int]]:
-    """Order-preserving pairs (i, j) of equal shape: the most of them, then the most agreeing."""
-    n, m = len(left), len(right)
+    """Order-preserving pairs (i, j) of equal shape, in two passes: first the most pairs whose
+    values agree; then, between those, the most pairs of equal shape (after a divergence
+    nothing agrees and shapes alone align the rest). Agreeing pairs first keeps a chain of
+    equal values (a layer's output = its last norm's = the stack's) from shifting by one."""
+    if not left or not right:
+        return []
+    if len(left) * len(right) > MAX_ALIGNMENT_CELLS:
+        return _align_greedy(left, right)
+    agreeing = _lcs(
+        len(left),
+        len(right),
+        lambda i, j: left[i].shape == right[j].shape and agree(left[i], right[j]),
+    )
+    pairs = list(agreeing)
+    bounds = [(-1, -1), *agreeing, (len(left), len(right))]
+    for (i0, j0), (i1, j1) in zip(bounds, bounds[1:], strict=False):
+        shapes_left = [v.shape for v in left[i0 + 1 : i1]]
+        shapes_right = [v.shape for v in right[j0 + 1 : j1]]
+        same = _lcs(
+            len(shapes_left),
+            len(shapes_right),
+            lambda i, j, a=shapes_left, b=shapes_right: a[i] == b[j],
+        )
+        pairs += [(i0 + 1 + a, j0 + 1 + b) for a, b in same]
+    return sorted(pairs)
+
+
+def _lcs(n: int, m: int, matches: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+    """The longest order-preserving list of (i, j) with matches(i, j); among equally long
+    ones, each i pairs with the earliest j it can (a run of equal values pairs in order)."""
     if n == 0 or m == 0:
         return []
-    if n * m > MAX_ALIGNMENT_CELLS:
-        return _align_greedy(left, right)
     score = np.zeros((n + 1, m + 1), dtype=np.int64)
-    match = {}
+    hit = np.zeros((n, m), dtype=bool)
     for i in range(n - 1, -1, -1):
         for j in range(m - 1, -1, -1):
-            best = max(score[i + 1, j], score[i, j + 1])
-            if left[i].shape == right[j].shape:
-                gain = 2 * (n + m) + (1 if agree(left[i], right[j]) else 0)
-                match[i, j] = gain
-                best = max(best, score[i + 1, j + 1] + gain)
-            score[i, j] = best
+            score[i, j] = max(score[i + 1, j], score[i, j + 1])
+            if matches(i, j):
+                hit[i, j] = True
+                score[i, j] = max(score[i, j], score[i + 1, j + 1] + 1)
     pairs, i, j = [], 0, 0
     while i < n and j < m:
-        if (i, j) in match and score[i, j] == score[i + 1, j + 1] + match[i, j]:
+        if hit[i, j] and score[i, j] == score[i + 1, j + 1] + 1:
             pairs.append((i, j))
             i, j = i + 1, j + 1
-        elif score[i, j] == score[i + 1, j]:
-            i += 1
+        elif score[i, j] == score[i, j + 1]:
+            j += 1  # skip right items first: each left item pairs as early as it can
         else:
-            j += 1
+            i += 1
     return pairs
 
 
@@ -192,6 +224,8 @@ def pair_tensors(
     for i, value in enumerate(torch_values):
         torch_by_module.setdefault(value.module, []).append(i)
 
+    excluded = {name for name, (target, _, _) in module_pairs.items() if target is EXCLUDED}
+    module_pairs = {k: v for k, v in module_pairs.items() if k not in excluded}
     for torch_module, (flax_module, how, first_call) in module_pairs.items():
         left = torch_by_module[torch_module]
         right = [j for j in flax_by_module[flax_module] if j not in flax_taken]
@@ -216,7 +250,11 @@ def pair_tensors(
         # pair never crosses a named one.
         bounds = [(-1, -1), *_ordered_anchors(by_torch), (len(torch_values), len(flax_values))]
         for (i0, j0), (i1, j1) in zip(bounds, bounds[1:], strict=False):
-            left = [i for i in range(i0 + 1, i1) if i not in by_torch]
+            left = [
+                i
+                for i in range(i0 + 1, i1)
+                if i not in by_torch and torch_values[i].module not in excluded
+            ]
             right = [j for j in range(j0 + 1, j1) if j not in flax_taken]
             lv, rv = [torch_values[i] for i in left], [flax_values[j] for j in right]
             for a, b in align(lv, rv, agree):
