@@ -15,6 +15,7 @@ _EXPORTS = {
     "compare_modules": "flax_transformer.parity.modules",
     "assert_parity": "flax_transformer.parity.modules",
     "Diagnosis": "flax_transformer.parity.diagnosis",
+    "EXCLUDE": "flax_transformer.parity.pairing",
     "compare_weights": "flax_transformer.parity.compare",
     "ParityInputError": "flax_transformer.parity.inputs",
     "make_batch": "flax_transformer.parity.inputs",

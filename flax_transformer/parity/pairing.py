@@ -12,7 +12,7 @@ Modules are paired first, then the tensors inside each module pair:
    each in execution order, are aligned between the pairs already found (dynamic programming:
    first the most pairs whose values agree, then between those the most pairs of equal
    shape). Such pairs are marked `auto` in the report. A dict mapping's `None` value
-   (`{"lm_head": None}`) keeps a torch module out of every pairing.
+   (`{"lm_head": None}`), or a callable's EXCLUDE, keeps a torch module out of every pairing.
 Inside a module pair, outputs pair by key and call ("0", "logits", ...), then the rest by order
 and shape, as in 3.
 """
@@ -59,11 +59,18 @@ def canonical_torch_names(flax_module: str) -> list[str]:
     return list(dict.fromkeys([module_name(parts), generic]))
 
 
-EXCLUDED = object()  # a dict mapping's None: never pair this torch module
+class _Exclude:
+    def __repr__(self) -> str:
+        return "EXCLUDE"
+
+
+# A mapping's answer "never pair this torch module" (a dict's None value; a callable returns it).
+EXCLUDE = _Exclude()
 
 
 def mapped_name(mapping: NameMapping, torch_module: str):
-    """The Flax path the mapping gives, None (no opinion) or EXCLUDED."""
+    """The Flax path the mapping gives, None (no opinion: the rule and fallback decide) or
+    EXCLUDE."""
     if mapping is None:
         return None
     if callable(mapping):
@@ -71,7 +78,7 @@ def mapped_name(mapping: NameMapping, torch_module: str):
     for pattern, replacement in mapping.items():
         match = re.fullmatch(pattern, torch_module)
         if match:
-            return EXCLUDED if replacement is None else match.expand(replacement)
+            return EXCLUDE if replacement is None else match.expand(replacement)
     return None
 
 
@@ -97,8 +104,8 @@ def pair_modules(
         target = mapped_name(mapping, name)
         if target is None:
             continue
-        if target is EXCLUDED:
-            paired[name] = (EXCLUDED, MAPPING, 0)
+        if target is EXCLUDE:
+            paired[name] = (EXCLUDE, MAPPING, 0)
             continue
         module, call = split_call(target)
         if module not in flax_set:
@@ -224,7 +231,7 @@ def pair_tensors(
     for i, value in enumerate(torch_values):
         torch_by_module.setdefault(value.module, []).append(i)
 
-    excluded = {name for name, (target, _, _) in module_pairs.items() if target is EXCLUDED}
+    excluded = {name for name, (target, _, _) in module_pairs.items() if target is EXCLUDE}
     module_pairs = {k: v for k, v in module_pairs.items() if k not in excluded}
     for torch_module, (flax_module, how, first_call) in module_pairs.items():
         left = torch_by_module[torch_module]
