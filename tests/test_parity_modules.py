@@ -21,6 +21,7 @@ from flax_transformer.parity.diagnosis import (
     WEIGHTS_DIFFER,
     WEIGHTS_SWAPPED,
 )
+from flax_transformer.parity.module_capture import flatten_output
 from flax_transformer.parity.transforms import (
     chain,
     heads_first,
@@ -283,6 +284,12 @@ def test_bad_arguments_are_named(setup):
         compare_modules(setup[0], setup[2][0], FlaxBlock(), setup[1], setup[2])
     with pytest.raises(ParityInputError, match=r"transform split_heads\(3\) failed on torch"):
         run(setup, transforms={"q_proj": split_heads(3)})
+    with pytest.raises(ParityInputError, match="the torch module failed on torch_args"):
+        compare_modules(setup[0], (setup[2][0],), FlaxBlock(), setup[1], setup[2])
+    with pytest.raises(ParityInputError, match="the Flax module failed on variables"):
+        compare_modules(setup[0], setup[2], FlaxBlock(), {"params": {}}, setup[2])
+    with pytest.raises(ParityInputError, match="no torch value was paired"):
+        run(setup, mapping={".*": None})  # everything excluded: nothing would be compared
     report = run(setup, mapping=MAPPING | {"fc1": "Dense_9"})
     assert report.info["mapping_problems"] == [
         "mapping sends 'fc1' to 'Dense_9', which produced no Flax value"
@@ -358,3 +365,19 @@ def test_flax_side_transforms_and_one_flax_module_called_twice():
     report = compare_modules(torch_model, inputs, FlaxTwoStreams(), rolled, inputs, **common)
     assert report.first_divergence == "src_pos"
     assert report.diagnosis.verdict == WEIGHTS_DIFFER
+
+
+def test_outputs_are_flattened_to_named_arrays():
+    @dataclasses.dataclass
+    class Output:
+        hidden: np.ndarray
+        extras: dict
+        cache: object = None
+
+    output = Output(np.zeros(2), {"a": (np.ones(1), None, "text"), "b": [np.ones(3)]}, object())
+    flat = flatten_output(output, lambda x: x if isinstance(x, np.ndarray) else None)
+    assert [(k, v.shape) for k, v in flat] == [
+        ("hidden", (2,)),
+        ("extras.a.0", (1,)),
+        ("extras.b.0", (3,)),
+    ]

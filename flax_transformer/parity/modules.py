@@ -87,28 +87,31 @@ def compare_modules(
     flax_model, dtype_fields = _flax_at(flax_module, dtype)
     variables = _cast_floating(variables, dtype)
     with highest_precision(x64=dtype == "float64"):
-        torch_values = capture_torch_module(
-            torch_model, _torch_inputs(torch_args, dtype), _torch_inputs(torch_kwargs or {}, dtype)
-        )
-        flax_capture = capture_flax_module(
-            flax_model,
-            variables,
-            _cast_floating(flax_args, dtype),
-            _cast_floating(flax_kwargs or {}, dtype),
-        )
+        torch_inputs = _torch_inputs(torch_args, dtype), _torch_inputs(torch_kwargs or {}, dtype)
+        flax_inputs = _cast_floating(flax_args, dtype), _cast_floating(flax_kwargs or {}, dtype)
+        try:
+            torch_values = capture_torch_module(torch_model, *torch_inputs)
+        except Exception as err:  # the user's model on the user's inputs: say which side
+            raise ParityInputError(
+                f"the torch module failed on torch_args / torch_kwargs: {type(err).__name__}: {err}"
+            ) from err
+        try:
+            flax_capture = capture_flax_module(flax_model, variables, *flax_inputs)
+        except Exception as err:
+            raise ParityInputError(
+                f"the Flax module failed on variables / flax_args / flax_kwargs: "
+                f"{type(err).__name__}: {err}"
+            ) from err
     torch_values, applied = _apply_transforms(torch_values, transforms, "torch")
     flax_values, flax_applied = _apply_transforms(flax_capture.values, flax_transforms, "flax")
     valid = _mask_fn(mask)
-
-    def agree(t: Captured, f: Captured) -> bool:
-        keep = valid(f.name, f.shape)
-        a, b = f.array, t.array
-        if keep is not None:
-            select = np.broadcast_to(keep, a.shape)
-            a, b = a[select], b[select]
-        return error_stats(a, b)[1] <= tol
-
+    agree = _Agreement(valid, tol)
     pairing = pair_tensors(torch_values, flax_values, mapping=mapping, auto=auto_pair, agree=agree)
+    if not pairing.pairs:
+        raise ParityInputError(
+            f"no torch value was paired with a Flax value ({len(torch_values)} torch, "
+            f"{len(flax_values)} Flax values): give a mapping, or auto_pair=True"
+        )
     rows = []
     flax_of = {id(p.torch): p for p in pairing.pairs}
     for value in torch_values:
@@ -169,6 +172,44 @@ def assert_parity(*args, **kwargs) -> ParityReport:
 
 
 # ----------------------------------------------------------------------------- helpers
+class _Agreement:
+    """agree(torch value, flax value): within `tol` on the compared (unmasked) entries? The
+    fallback asks this of many candidate pairs: the masked arrays and scales are cached, and
+    the first entries are checked first (a difference there already exceeds the tolerance).
+    """
+
+    PROBE = 64
+
+    def __init__(self, valid, tol: float):
+        self.valid, self.tol = valid, tol
+        self.keeps: dict[int, Any] = {}
+        self.flat: dict[tuple[int, int], np.ndarray] = {}
+        self.scales: dict[tuple[int, int], float] = {}
+
+    def _flat(self, value: Captured, keep) -> tuple[np.ndarray, tuple[int, int]]:
+        key = (id(value), id(keep))
+        if key not in self.flat:
+            array = value.array
+            if keep is not None:
+                array = array[np.broadcast_to(keep, array.shape)]
+            self.flat[key] = np.asarray(array, np.float64).ravel()
+        return self.flat[key], key
+
+    def __call__(self, t: Captured, f: Captured) -> bool:
+        if id(f) not in self.keeps:
+            self.keeps[id(f)] = self.valid(f.name, f.shape)
+        keep = self.keeps[id(f)]
+        a, _ = self._flat(f, keep)
+        b, key = self._flat(t, keep)
+        if key not in self.scales:
+            self.scales[key] = float(np.max(np.abs(b))) if b.size else 0.0
+        bound = self.tol * self.scales[key] if self.scales[key] > 0 else self.tol
+        probe = slice(0, self.PROBE)
+        if a.size and np.max(np.abs(a[probe] - b[probe])) > bound:
+            return False
+        return error_stats(a, b)[1] <= self.tol
+
+
 def _with_unverified(diagnosis, rows: list[TensorComparison]):
     """Torch-only tensors between the last agreeing row and the first failure."""
     first = next(i for i, r in enumerate(rows) if not r.ok)
