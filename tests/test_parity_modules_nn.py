@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from flax_transformer.interop import from_torch
-from flax_transformer.parity import compare_modules
+from flax_transformer.parity import ParityInputError, compare_modules
 from flax_transformer.parity.diagnosis import (
     HYPERPARAMETER_DIFFERS,
     MATH_DIFFERS,
     WEIGHT_TRANSPOSED,
     WEIGHTS_SWAPPED,
 )
+from flax_transformer.parity.transforms import seq_first_to_batch_first
 
 # torch.nn names its feed-forward linear1/linear2 on the layer and the cross-attention
 # multihead_attn; the project's stacks call them ffn/linear1 and cross_attn.
@@ -24,7 +25,10 @@ NN_MAPPING = {
 }
 SRC_LEN, TGT_LEN = 5, 4
 # torch.nn's encoder fast path (padding masks, eval, no grad) runs on nested tensors.
-pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +131,35 @@ def test_other_activation_is_math_with_equal_weights(setup):
     # after it.
     assert report.first_divergence == "encoder.layers.0.dropout"
     assert report.diagnosis.verdict == MATH_DIFFERS
+
+
+def test_sequence_first_torch_against_batch_first_flax(setup):
+    """torch.nn's default layout (L, N, E) against a batch-first port: declared with one
+    transform for every torch tensor."""
+    torch_model, module, params, (src, tgt), masks, torch_masks, valid = setup
+    sequence_first = torch.nn.Transformer(
+        d_model=8,
+        nhead=2,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=16,
+        dropout=0.0,
+    ).eval()
+    sequence_first.load_state_dict(torch_model.state_dict())
+    torch_args = tuple(np.swapaxes(x, 0, 1) for x in (src, tgt))  # (L, N, E)
+    common = dict(torch_kwargs=torch_masks, flax_kwargs=masks, mapping=NN_MAPPING, mask=valid)
+    report = compare_modules(
+        sequence_first,
+        torch_args,
+        module,  # batch_first=True
+        params,
+        (src, tgt),
+        transforms={".*": seq_first_to_batch_first()},
+        **common,
+    )
+    assert report.ok, report.format_table()
+    assert report["encoder.layers.1.norm2"].note == "torch side: seq_first_to_batch_first"
+    assert sum(t.status == "ok" for t in report.tensors) == 47
+    # Undeclared, the layouts differ: (5, 2, 8) is not (2, 5, 8), no shape pairs.
+    with pytest.raises(ParityInputError, match="no torch value was paired"):
+        compare_modules(sequence_first, torch_args, module, params, (src, tgt), **common)

@@ -109,8 +109,9 @@ def compare_modules(
     pairing = pair_tensors(torch_values, flax_values, mapping=mapping, auto=auto_pair, agree=agree)
     if not pairing.pairs:
         raise ParityInputError(
-            f"no torch value was paired with a Flax value ({len(torch_values)} torch, "
-            f"{len(flax_values)} Flax values): give a mapping, or auto_pair=True"
+            f"no torch value was paired with a Flax value of the same shape "
+            f"({len(torch_values)} torch, {len(flax_values)} Flax values): give a mapping, "
+            "declare layout transforms, or leave auto_pair on"
         )
     rows = []
     flax_of = {id(p.torch): p for p in pairing.pairs}
