@@ -226,39 +226,21 @@ def compare_weights_of(
         used.add(match)
         results.append(_judge(match, flax_rel, torch_w[match], array, torch_module, siblings, tol))
     rest = [k for k in torch_w if k not in used]
-    # A torch weight holding several Flax weights stacked on axis 0 (nn.MultiheadAttention's
-    # in_proj_weight = query, key, value): its chunks pair with the Flax weights of the chunk's
-    # size and kind, query/key/value-named ones first in that order, then in tree order.
-    for name in list(rest):
-        for chunks in range(2, 5):
-            array = torch_w[name]
-            if array.shape[0] % chunks:
-                continue
-            size = array.size // chunks
-            takers = [f for f in pending if flax_w[f].size == size and _same_kind(name, f)]
-            takers = sorted(takers, key=_qkv_rank)  # stable: unknown names keep their order
-            if len(takers) < chunks:
-                continue
-            rest.remove(name)
-            step = array.shape[0] // chunks
-            names = [f"{name}[{c * step}:{(c + 1) * step}]" for c in range(chunks)]
-            for c, chunk_name in enumerate(names):  # every chunk a swap candidate
-                torch_w[chunk_name] = array[c * step : (c + 1) * step]
-                siblings[_join(torch_module, chunk_name, ".")] = torch_w[chunk_name]
-            for chunk_name, flax_rel in zip(names, takers[:chunks], strict=True):
-                pending.remove(flax_rel)
-                results.append(
-                    _judge(
-                        chunk_name,
-                        flax_rel,
-                        torch_w[chunk_name],
-                        flax_w[flax_rel],
-                        torch_module,
-                        siblings,
-                        tol,
-                    )
-                )
-            break
+    packed = _pair_packed(torch_w, flax_w, rest, pending)
+    for chunk_name, _ in packed:  # every chunk is a swap candidate
+        siblings[_join(torch_module, chunk_name, ".")] = torch_w[chunk_name]
+    for chunk_name, flax_rel in packed:
+        results.append(
+            _judge(
+                chunk_name,
+                flax_rel,
+                torch_w[chunk_name],
+                flax_w[flax_rel],
+                torch_module,
+                siblings,
+                tol,
+            )
+        )
     # Whatever the names did not pair: in order, by size and kind.
     for flax_rel in pending:
         array = flax_w[flax_rel]
@@ -273,6 +255,34 @@ def compare_weights_of(
         results.append(dataclasses.replace(judged, note=_and(judged.note, "paired by size")))
     results += [WeightComparison(k, None, TORCH_ONLY) for k in rest]
     return results
+
+
+def _pair_packed(torch_w, flax_w, rest: list[str], pending: list[str]) -> list[tuple[str, str]]:
+    """[(chunk name, flax param)] for torch weights holding several Flax weights stacked on axis
+    0 (nn.MultiheadAttention's in_proj_weight = query, key, value). A chunk pairs with a Flax
+    weight of its size and kind, query/key/value-named ones first in that order, then in tree
+    order. The chunks are added to `torch_w` ("in_proj_weight[0:8]"); what pairs leaves
+    `rest` and `pending`."""
+    pairs = []
+    for name in list(rest):
+        array = torch_w[name]
+        for chunks in range(2, 5):
+            if array.shape[0] % chunks:
+                continue
+            size = array.size // chunks
+            takers = [f for f in pending if flax_w[f].size == size and _same_kind(name, f)]
+            takers = sorted(takers, key=_qkv_rank)[:chunks]  # stable: others keep their order
+            if len(takers) < chunks:
+                continue
+            rest.remove(name)
+            step = array.shape[0] // chunks
+            for c, flax_rel in enumerate(takers):
+                chunk_name = f"{name}[{c * step}:{(c + 1) * step}]"
+                torch_w[chunk_name] = array[c * step : (c + 1) * step]
+                pending.remove(flax_rel)
+                pairs.append((chunk_name, flax_rel))
+            break
+    return pairs
 
 
 def _qkv_rank(flax_rel: str) -> int:
