@@ -86,22 +86,14 @@ def compare_modules(
     torch_model = _torch_at(torch_module, dtype)
     flax_model, dtype_fields = _flax_at(flax_module, dtype)
     variables = _cast_floating(variables, dtype)
-    with highest_precision(x64=dtype == "float64"):
-        torch_inputs = _torch_inputs(torch_args, dtype), _torch_inputs(torch_kwargs or {}, dtype)
-        flax_inputs = _cast_floating(flax_args, dtype), _cast_floating(flax_kwargs or {}, dtype)
-        try:
-            torch_values = capture_torch_module(torch_model, *torch_inputs)
-        except Exception as err:  # the user's model on the user's inputs: say which side
-            raise ParityInputError(
-                f"the torch module failed on torch_args / torch_kwargs: {type(err).__name__}: {err}"
-            ) from err
-        try:
-            flax_capture = capture_flax_module(flax_model, variables, *flax_inputs)
-        except Exception as err:
-            raise ParityInputError(
-                f"the Flax module failed on variables / flax_args / flax_kwargs: "
-                f"{type(err).__name__}: {err}"
-            ) from err
+    torch_values, flax_capture = _capture_both(
+        torch_model,
+        (torch_args, torch_kwargs),
+        flax_model,
+        variables,
+        (flax_args, flax_kwargs),
+        dtype,
+    )
     torch_values, applied = _apply_transforms(torch_values, transforms, "torch")
     flax_values, flax_applied = _apply_transforms(flax_capture.values, flax_transforms, "flax")
     valid = _mask_fn(mask)
@@ -113,24 +105,7 @@ def compare_modules(
             f"({len(torch_values)} torch, {len(flax_values)} Flax values): give a mapping, "
             "declare layout transforms, or leave auto_pair on"
         )
-    rows = []
-    flax_of = {id(p.torch): p for p in pairing.pairs}
-    for value in torch_values:
-        pair = flax_of.get(id(value))
-        if pair is None:
-            rows.append(_missing(value))
-            continue
-        row = compare_tensor(
-            value.name, pair.flax.array, value.array, tol, valid(pair.flax.name, pair.flax.shape)
-        )
-        note = _join_notes(
-            row.note, applied.get(value.name, ""), flax_applied.get(pair.flax.name, "")
-        )
-        rows.append(
-            dataclasses.replace(
-                row, module=value.module, flax_name=pair.flax.name, paired_by=pair.how, note=note
-            )
-        )
+    rows = _rows(torch_values, pairing, tol, valid, (applied, flax_applied))
     report = ParityReport(
         tuple(rows),
         tol,
@@ -173,6 +148,50 @@ def assert_parity(*args, **kwargs) -> ParityReport:
 
 
 # ----------------------------------------------------------------------------- helpers
+def _capture_both(torch_model, torch_inputs, flax_model, variables, flax_inputs, dtype: str):
+    """Both forward passes at `dtype`: (torch values, FlaxCapture); a failure names its side."""
+    (torch_args, torch_kwargs), (flax_args, flax_kwargs) = torch_inputs, flax_inputs
+    with highest_precision(x64=dtype == "float64"):
+        torch_call = _torch_inputs(torch_args, dtype), _torch_inputs(torch_kwargs or {}, dtype)
+        flax_call = _cast_floating(flax_args, dtype), _cast_floating(flax_kwargs or {}, dtype)
+        try:
+            torch_values = capture_torch_module(torch_model, *torch_call)
+        except Exception as err:  # the user's model on the user's inputs: say which side
+            raise ParityInputError(
+                f"the torch module failed on torch_args / torch_kwargs: {type(err).__name__}: {err}"
+            ) from err
+        try:
+            flax_capture = capture_flax_module(flax_model, variables, *flax_call)
+        except Exception as err:
+            raise ParityInputError(
+                f"the Flax module failed on variables / flax_args / flax_kwargs: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+    return torch_values, flax_capture
+
+
+def _rows(torch_values, pairing, tol: float, valid, applied: tuple[Mapping, Mapping]):
+    """One report row per torch value, in its execution order: compared, or missing.
+    `applied`: the transforms' notes by torch and by Flax tensor name."""
+    torch_notes, flax_notes = applied
+    rows = []
+    flax_of = {id(p.torch): p for p in pairing.pairs}
+    for value in torch_values:
+        pair = flax_of.get(id(value))
+        if pair is None:
+            rows.append(_missing(value))
+            continue
+        flax = pair.flax
+        row = compare_tensor(value.name, flax.array, value.array, tol, valid(flax.name, flax.shape))
+        note = _join_notes(row.note, torch_notes.get(value.name, ""), flax_notes.get(flax.name, ""))
+        rows.append(
+            dataclasses.replace(
+                row, module=value.module, flax_name=flax.name, paired_by=pair.how, note=note
+            )
+        )
+    return rows
+
+
 class _Agreement:
     """agree(torch value, flax value): within `tol` on the compared (unmasked) entries? The
     fallback asks this of many candidate pairs: the masked arrays and scales are cached, and
