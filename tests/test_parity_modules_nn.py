@@ -159,6 +159,9 @@ def test_sequence_first_torch_against_batch_first_flax(setup):
     )
     assert report.ok, report.format_table()
     assert report["encoder.layers.1.norm2"].note == "torch side: seq_first_to_batch_first"
+    assert (
+        report["encoder"].note == "torch side: seq_first_to_batch_first"
+    )  # Flax's is "encoder" too
     assert sum(t.status == "ok" for t in report.tensors) == 47
     # Undeclared, the layouts differ: (5, 2, 8) is not (2, 5, 8), no shape pairs.
     with pytest.raises(ParityInputError, match="no torch value was paired"):
