@@ -3,6 +3,8 @@
 - `capture`: every intermediate of one forward pass, on each side, by canonical name.
 - `report`: per-tensor errors in execution order, the first divergence, table and JSON.
 - `compare`: the API (`compare_models`, `compare_weights`); `inputs`: token batches;
+- `modules`: `compare_modules` / `assert_parity` for any torch module against any Flax port,
+  with `module_capture`, `pairing`, `transforms` and `diagnosis` (the weight verdict);
   `cli`: `python -m flax_transformer.parity A B`.
 """
 
@@ -10,6 +12,10 @@ from flax_transformer.lazy import lazy_exports
 
 _EXPORTS = {
     "compare_models": "flax_transformer.parity.compare",
+    "compare_modules": "flax_transformer.parity.modules",
+    "assert_parity": "flax_transformer.parity.modules",
+    "Diagnosis": "flax_transformer.parity.diagnosis",
+    "EXCLUDE": "flax_transformer.parity.pairing",
     "compare_weights": "flax_transformer.parity.compare",
     "ParityInputError": "flax_transformer.parity.inputs",
     "make_batch": "flax_transformer.parity.inputs",

@@ -68,7 +68,7 @@ def compare_models(
     tol = DEFAULT_TOLERANCES[dtype] if tol is None else float(tol)
     if not tol > 0:
         raise ParityInputError(f"tolerance must be > 0, got {tol}")
-    with _highest_precision(x64=dtype == "float64"):
+    with highest_precision(x64=dtype == "float64"):
         flax_values = capture_flax(flax_model, flax_params, batch, kind)
         torch_values, order = capture_torch(torch_model, batch, kind)
     return compare_captures(
@@ -149,7 +149,7 @@ def _cast_tree(tree, dtype: str):
 
 
 @contextlib.contextmanager
-def _highest_precision(x64: bool):
+def highest_precision(x64: bool):
     """float32 matmuls at full precision on both sides (no TF32); x64 for float64 runs."""
     import jax
     import torch

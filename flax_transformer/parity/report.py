@@ -39,6 +39,11 @@ class TensorComparison:
     compared: int  # number of entries compared (masked ones left out)
     status: str  # "ok" | "FAIL" | "missing"
     note: str = ""
+    # Set by compare_modules: the torch module that produced the tensor (the first divergence
+    # names it), the paired Flax tensor and how the pair was found (canonical/mapping/auto).
+    module: str | None = None
+    flax_name: str = ""
+    paired_by: str = ""
 
     @property
     def ok(self) -> bool:
@@ -53,6 +58,9 @@ class ParityReport:
     masked_excluded: bool
     labels: tuple[str, str] = ("flax", "torch")  # what ran on each side
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # compare_modules: the weights and hyperparameters of the first diverging module, judged
+    # (parity.diagnosis.Diagnosis: .verdict, .format_lines(), .to_dict()).
+    diagnosis: Any = None
 
     @property
     def ok(self) -> bool:
@@ -64,8 +72,11 @@ class ParityReport:
 
     @property
     def first_divergence(self) -> str | None:
+        """The first tensor out of tolerance; for compare_modules, the torch module's name."""
         failures = self.failures
-        return failures[0].name if failures else None
+        if not failures:
+            return None
+        return failures[0].name if failures[0].module is None else failures[0].module
 
     def __getitem__(self, name: str) -> TensorComparison:
         for tensor in self.tensors:
@@ -76,10 +87,13 @@ class ParityReport:
     def summary(self) -> str:
         if self.ok:
             return f"OK: all {len(self.tensors)} tensors within relative tolerance {self.tol:.0e}"
-        return (
+        text = (
             f"FAIL: {len(self.failures)} of {len(self.tensors)} tensors out of relative tolerance "
             f"{self.tol:.0e}; the divergence starts at {self.first_divergence}"
         )
+        if self.diagnosis is not None:
+            text += f"; verdict: {self.diagnosis.verdict}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,34 +115,37 @@ class ParityReport:
                     "within_tol": t.ok,
                     "note": t.note,
                 }
+                | (
+                    {"module": t.module, "flax": t.flax_name, "paired_by": t.paired_by}
+                    if t.module is not None
+                    else {}
+                )
                 for t in self.tensors
             ],
-        }
+        } | ({"diagnosis": self.diagnosis.to_dict()} if self.diagnosis is not None else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def format_table(self) -> str:
         """Aligned plain-text table; the first divergence is marked with an arrow."""
-        headers = ("#", "tensor", "shape", "max abs err", "rel err", "status")
+        paired = any(t.module is not None for t in self.tensors)  # compare_modules' rows
+        headers = ("#", "torch" if paired else "tensor")
+        headers += ("flax", "paired by") if paired else ()
+        headers += ("shape", "max abs err", "rel err", "status")
         rows = [
-            (
-                str(i),
-                t.name,
-                "x".join(map(str, t.shape)) or "()",
-                _fmt(t.max_abs),
-                _fmt(t.rel),
-                t.status,
-            )
+            (str(i), t.name)
+            + ((t.flax_name or "-", t.paired_by or "-") if paired else ())
+            + ("x".join(map(str, t.shape)) or "()", _fmt(t.max_abs), _fmt(t.rel), t.status)
             for i, t in enumerate(self.tensors)
         ]
         widths = [max(len(r[c]) for r in [headers, *rows]) for c in range(len(headers))]
-        align = [str.rjust, str.ljust, str.ljust, str.rjust, str.rjust, str.ljust]
+        align = [str.rjust] + [str.ljust] * (len(headers) - 4) + [str.rjust, str.rjust, str.ljust]
 
         def line(cells):
             return "  ".join(a(c, w) for a, c, w in zip(align, cells, widths, strict=True))
 
-        first = self.first_divergence
+        first = self.failures[0] if self.failures else None
         out = [
             f"parity: {self.labels[0]} vs {self.labels[1]}, {self.dtype}, relative tolerance "
             f"{self.tol:.0e}, masked positions "
@@ -138,12 +155,18 @@ class ParityReport:
         ]
         for t, cells in zip(self.tensors, rows, strict=True):
             text = line(cells).rstrip()
-            if t.name == first:
+            if t is first:
                 text += "  <-- divergence starts here"
             if t.note:
                 text += f"  ({t.note})"
             out.append(text)
         out.append(self.summary())
+        unpaired = self.info.get("flax_unpaired")
+        if unpaired:
+            shown = ", ".join(unpaired[:12]) + (", ..." if len(unpaired) > 12 else "")
+            out.append(f"Flax values without a torch counterpart ({len(unpaired)}): {shown}")
+        if self.diagnosis is not None:
+            out.extend(self.diagnosis.format_lines())
         return "\n".join(out)
 
 
