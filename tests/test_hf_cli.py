@@ -97,6 +97,8 @@ def test_cli_errors(imported, tmp_path, capsys):
     assert (
         "--init-from takes the run's config; do not also give --d-model" in capsys.readouterr().err
     )
+    assert train.main([*flags, "--tokenizer", "bpe"]) == 2
+    assert "takes the run's tokenizer" in capsys.readouterr().err
     flags[1] = str(tmp_path / "plain")
     assert train.main(flags) == 2
     assert "not a run directory (no run.json)" in capsys.readouterr().err

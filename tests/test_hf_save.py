@@ -91,6 +91,15 @@ def test_unsupported_model_type(saved, tmp_path):
         hf.load(path)
 
 
+def test_a_config_without_a_required_option(saved, tmp_path):
+    path = copy_dir(saved["gpt2"], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    del config["n_embd"], config["n_head"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedConfigError, match="gpt2 config lacks n_embd, n_head"):
+        hf.load(path)
+
+
 def test_unsupported_options_are_named_in_one_error(saved, tmp_path):
     path = copy_dir(saved["bart"], tmp_path)
     edit_config(path, normalize_before=True, decoder_ffn_dim=64, activation_function="tanh")
