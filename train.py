@@ -205,6 +205,8 @@ def _flag_values(parser, path, flag) -> dict:
 def check_args(args) -> None:
     """What no options class can see: flags that go together. Values are checked by the options
     classes (options_from_args)."""
+    from flax_transformer.training.options import DataOptions
+
     sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
@@ -222,7 +224,9 @@ def check_args(args) -> None:
         if args.config or model_flags:
             given = ", ".join((["--config"] if args.config else []) + model_flags)
             raise UsageError(f"--init-from takes the run's config; do not also give {given}")
-        if not (Path(args.init_from) / "run.json").exists():
+        if args.tokenizer != DataOptions.tokenizer:
+            raise UsageError("--init-from takes the run's tokenizer; do not also give --tokenizer")
+        if not args.resume and not (Path(args.init_from) / "run.json").exists():
             raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
     else:  # the init run's config is checked when it is loaded
         check_model_flags(args)

@@ -42,6 +42,7 @@ def test_import_writes_a_train_py_run(imported):
     assert run_info["carry"] == ["hf_config.json", "hf_generation_config.json"]
 
 
+@pytest.mark.slow  # two decoders compiled: the CLI's KV-cached loop and the forward pass
 def test_generate_cli_decodes_with_the_imported_tokenizer(imported, tmp_path, capsys):
     """The CLI's greedy output is the greedy chain of the imported model's forward pass."""
     hf_dir, run_dir = imported
@@ -96,6 +97,8 @@ def test_cli_errors(imported, tmp_path, capsys):
     assert (
         "--init-from takes the run's config; do not also give --d-model" in capsys.readouterr().err
     )
+    assert train.main([*flags, "--tokenizer", "bpe"]) == 2
+    assert "takes the run's tokenizer" in capsys.readouterr().err
     flags[1] = str(tmp_path / "plain")
     assert train.main(flags) == 2
     assert "not a run directory (no run.json)" in capsys.readouterr().err
