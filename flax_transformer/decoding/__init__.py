@@ -1,7 +1,8 @@
 """Autoregressive decoding: one entry point, `generate`, for both kinds of model.
 
 - `strategies`: `Greedy()`, `Sample(temperature, top_k, top_p)`, `Beam(size, alpha)`.
-- `api`: `generate(model, variables, inputs, strategy, ...)` and the historical one-call
+- `api`: `generate(model, variables, inputs, strategy, ...)`, `search` (generate after its
+  host-side checks, for traced callers such as jax.export) and the historical one-call
   wrappers (`greedy_decode`, `sample_decode`, `beam_search`, `lm_*`).
 - `inputs`: prompts and sources, checked; `cache`: the KV cache (`init_cache`) and the steppers;
   `sampling`: the greedy / sampling loop; `beam`: beam search; `cli`: the generate command.
@@ -13,6 +14,7 @@ _API = "flax_transformer.decoding.api"
 _STRATEGIES = "flax_transformer.decoding.strategies"
 _EXPORTS = {
     "generate": _API,
+    "search": _API,
     "greedy_decode": _API,
     "sample_decode": _API,
     "beam_search": _API,
