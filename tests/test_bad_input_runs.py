@@ -69,6 +69,21 @@ def test_flags_checked_against_the_loaded_model(run_dir, monkeypatch, capsys, fl
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_a_tokenizer_beyond_the_models_vocabulary_is_a_bad_line(tmp_path, monkeypatch, capsys):
+    # A run whose config has 100 tokens but whose tokenizer.json is the byte tokenizer (259).
+    import flax_transformer.spec.config as config_module
+
+    from . import test_generate
+
+    small = CONFIG.replace(src_vocab_size=100, tgt_vocab_size=100)
+    monkeypatch.setattr(test_generate, "CONFIG", small)
+    workdir = test_generate.fabricate_run(tmp_path / "run", "transformer")
+    assert config_module.TransformerConfig.load(workdir / "config.json") == small
+    code, out, err = run_generate(monkeypatch, capsys, workdir, b"zz\n")
+    assert code == 1 and out == [""]
+    assert "line 1: the tokenizer gives id 125, outside the model's vocabulary [0, 100)" in err
+
+
 @pytest.mark.parametrize(
     "change, fields",
     [
