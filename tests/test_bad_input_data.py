@@ -209,6 +209,15 @@ def test_in_memory_conversion_refuses_integer_weights(weight_files):
         torch_state_to_flax(ints, CONFIG)
 
 
+def test_the_torch_twin_refuses_integer_weights(weight_files):
+    import torch_reference
+
+    _, state = weight_files
+    ints = dict(state, **{"src_embed.weight": state["src_embed.weight"].astype(np.int32)})
+    with pytest.raises(ConversionError, match="'src_embed.weight' has dtype int32"):
+        torch_reference.load_numpy_state(torch_reference.Transformer(CONFIG), ints)
+
+
 def test_parity_refuses_non_finite_weights_as_bad_input(weight_files, capsys):
     root, _ = weight_files
     assert parity_main([str(root / "nan.safetensors"), str(root / "good.safetensors")]) == 2

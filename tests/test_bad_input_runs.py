@@ -39,13 +39,16 @@ def run_dir(tmp_path_factory):
 
 def run_generate(monkeypatch, capsys, workdir, stdin: bytes, *flags):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    code = generate_main(["--workdir", str(workdir), "--max-new-tokens", "4", *flags])
+    argv = ["--workdir", str(workdir), "--max-new-tokens", "4", *map(str, flags)]
+    code = generate_main(argv)
     captured = capsys.readouterr()
     return code, captured.out.split("\n")[:-1], captured.err
 
 
 # ----------------------------------------------------------------------------- generate input
-def test_invalid_utf8_lines_are_reported_and_the_others_decoded(run_dir, monkeypatch, capsys):
+def test_invalid_utf8_lines_are_reported_and_the_others_decoded(
+    run_dir, tmp_path, monkeypatch, capsys
+):
     stdin = b"\xef\xbb\xbfhello\nab\xffc\n\nhello\n"  # BOM, an invalid byte, an empty line
     code, out, err = run_generate(monkeypatch, capsys, run_dir, stdin)
     assert code == 1 and "Traceback" not in err
@@ -53,6 +56,11 @@ def test_invalid_utf8_lines_are_reported_and_the_others_decoded(run_dir, monkeyp
     assert "line 3: empty input" in err and "line 1" not in err and "line 4" not in err
     assert len(out) == 4 and out[1] == out[2] == ""
     assert out[0] == out[3] != ""  # the BOM is gone: line 1 is "hello", as line 4
+    # The same bytes from --input: the same report and outputs (one compiled loop, reused).
+    path = tmp_path / "in.txt"
+    path.write_bytes(stdin)
+    code, from_file, file_err = run_generate(monkeypatch, capsys, run_dir, b"", "--input", path)
+    assert (code, from_file, file_err) == (1, out, err)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +75,21 @@ def test_flags_checked_against_the_loaded_model(run_dir, monkeypatch, capsys, fl
     code = generate_main(["--workdir", str(run_dir), *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_is_a_bad_line(tmp_path, monkeypatch, capsys):
+    # A run whose config has 100 tokens but whose tokenizer.json is the byte tokenizer (259).
+    import flax_transformer.spec.config as config_module
+
+    from . import test_generate
+
+    small = CONFIG.replace(src_vocab_size=100, tgt_vocab_size=100)
+    monkeypatch.setattr(test_generate, "CONFIG", small)
+    workdir = test_generate.fabricate_run(tmp_path / "run", "transformer")
+    assert config_module.TransformerConfig.load(workdir / "config.json") == small
+    code, out, err = run_generate(monkeypatch, capsys, workdir, b"zz\n")
+    assert code == 1 and out == [""]
+    assert "line 1: the tokenizer gives id 125, outside the model's vocabulary [0, 100)" in err
 
 
 @pytest.mark.parametrize(

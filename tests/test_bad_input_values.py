@@ -131,6 +131,21 @@ def test_train_flags_are_usage_errors_naming_the_flag(tmp_path, capsys, argv, me
     assert not (tmp_path / "w").exists()  # nothing written
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"layer_norm_eps": NaN}', "c.json: invalid TransformerConfig: layer_norm_eps must be"),
+        ('{"d_model": "64"}', "d_model must be a positive int, got '64'"),
+        ("{not json", "c.json: config is not valid JSON"),
+    ],
+)
+def test_a_bad_config_file_is_a_usage_error(tmp_path, capsys, content, message):
+    (tmp_path / "c.json").write_text(content)
+    code, err = train_error(capsys, "--config", tmp_path / "c.json", "--workdir", tmp_path / "w")
+    assert code == 2 and err.startswith("error: --config: ") and message in err, err
+    assert not (tmp_path / "w").exists()
+
+
 def test_warmup_longer_than_steps_warns_on_the_command_line(tmp_path, capsys):
     # --train-tsv of a missing file: the run stops at its input, after the options are built.
     code, err = train_error(

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.sinusoid import sinusoidal_table
+from flax_transformer.spec.validate import check_weights
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -357,6 +358,8 @@ def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def load_numpy_state(module: nn.Module, state: dict[str, np.ndarray]) -> nn.Module:
-    """Load numpy arrays into `module` strictly (missing or unexpected keys raise)."""
+    """Load numpy arrays into `module` strictly (missing or unexpected keys raise; integer
+    arrays raise too: load_state_dict would cast them to float silently)."""
+    check_weights(state, f"state for {type(module).__name__}", allow_nonfinite=True)
     module.load_state_dict({k: numpy_to_tensor(v) for k, v in state.items()}, strict=True)
     return module

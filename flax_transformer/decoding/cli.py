@@ -60,27 +60,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     search = parser.add_mutually_exclusive_group()
     search.add_argument(
-        "--beam", type=flag_type(BEAM_RULES["size"], "--beam"), metavar="N", help="beam search "
-        "with N beams",
-    )  # fmt: skip
+        "--beam",
+        type=flag_type(BEAM_RULES["size"], "--beam"),
+        metavar="N",
+        help="beam search with N beams",
+    )
     search.add_argument("--sample", action="store_true", help="sample instead of greedy")
     parser.add_argument(
-        "--alpha", type=flag_type(BEAM_RULES["alpha"], "--alpha"), default=0.6,
+        "--alpha",
+        type=flag_type(BEAM_RULES["alpha"], "--alpha"),
+        default=0.6,
         help="beam length penalty exponent",
-    )  # fmt: skip
+    )
     # Sampling at temperature 0 is greedy decoding: leave out --sample for that.
     parser.add_argument(
-        "--temperature", type=flag_type(Float(gt=0.0), "--temperature"), default=1.0,
+        "--temperature",
+        type=flag_type(Float(gt=0.0), "--temperature"),
+        default=1.0,
         help="sampling temperature (> 0)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--top-k", type=flag_type(SAMPLE_RULES["top_k"], "--top-k"), default=0,
+        "--top-k",
+        type=flag_type(SAMPLE_RULES["top_k"], "--top-k"),
+        default=0,
         help="sample from the k best (0: all)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--top-p", type=flag_type(SAMPLE_RULES["top_p"], "--top-p"), default=1.0,
+        "--top-p",
+        type=flag_type(SAMPLE_RULES["top_p"], "--top-p"),
+        default=1.0,
         help="nucleus mass (1: all)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--seed", type=flag_type(SEED, "--seed"), default=0, help="sampling PRNG seed"
     )
@@ -193,9 +203,14 @@ class Generator:
             kind = dict(bos_id=self.tokenizer.bos_id, max_new_tokens=max_new or self.max_len)
         rng = self._key(batch_index) if isinstance(strategy, Sample) else None
         out = generate(
-            self.model, self.run.params, tokens, strategy, eos_id=self.tokenizer.eos_id, rng=rng,
+            self.model,
+            self.run.params,
+            tokens,
+            strategy,
+            eos_id=self.tokenizer.eos_id,
+            rng=rng,
             **kind,
-        )  # fmt: skip
+        )
         if isinstance(strategy, Beam):
             out = out[0][:, 0]  # the best beam
         return np.asarray(out)

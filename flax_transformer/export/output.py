@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flax_transformer.spec.atomic_io import atomic_write_text
+
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 
@@ -86,5 +88,5 @@ def write_manifest(directory: Path, run, fmt: str, files: dict[str, Any], **extr
         **extra,
         "files": files,
     }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -28,6 +28,7 @@ from flax_transformer.export.int8 import int8_model, quantize_variables
 from flax_transformer.export.output import ExportError, tensor_spec, write_manifest
 from flax_transformer.nn.attention import make_padding_mask
 from flax_transformer.nn.kinds import is_lm
+from flax_transformer.spec.atomic_io import atomic_write_bytes
 from flax_transformer.spec.kinds import LM
 
 FORWARD, GREEDY = "forward.stablehlo", "greedy.stablehlo"
@@ -132,8 +133,8 @@ def export_stablehlo(
     )
     greedy = export(decoder, _int32(b, p))
 
-    (directory / FORWARD).write_bytes(forward.serialize())
-    (directory / GREEDY).write_bytes(greedy.serialize())
+    atomic_write_bytes(directory / FORWARD, forward.serialize())
+    atomic_write_bytes(directory / GREEDY, greedy.serialize())
     files = {
         "forward": {
             "file": FORWARD,
