@@ -48,6 +48,7 @@ SIZE_FIELDS = {
 }
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_quick_benchmark_with_explicit_sizes_writes_the_report(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--quick", "--json", str(out), "--steps", "2", "--rounds", "1", *SIZE_ARGS]

@@ -68,7 +68,8 @@ def assert_same(with_remat, without_remat, rtol: float):
         assert_close(g_r, g_n, atol=rtol * scale, what=what)
 
 
-@pytest.mark.parametrize("kind", ["transformer", "lm"])
+# The seq2seq case takes ~45 s on 2 cores: a long run (`pytest -m slow`, CI).
+@pytest.mark.parametrize("kind", [pytest.param("transformer", marks=pytest.mark.slow), "lm"])
 def test_remat_gradients_equal_float64(kind):
     cfg = CONFIG.replace(dtype="float64", param_dtype="float64")
     with jax.enable_x64(True):
