@@ -27,6 +27,11 @@ def test_config_is_frozen():
         (dict(share_embeddings=True, src_vocab_size=10), "share_embeddings needs"),
         (dict(pad_id=300), "pad_id must be a token id"),
         (dict(dtype="int8"), "dtype must be one of"),
+        (dict(sinusoid_layout="sin_cos"), "sinusoid_layout must be one of"),
+        (dict(position_offset=-2), "position_offset must be a non-negative int"),
+        (dict(embed_norm=1), "embed_norm must be a bool"),
+        (dict(eos_id=256), "eos_id must be None or a token id inside the target vocabulary"),
+        (dict(decoder_start_id=-1), "decoder_start_id must be None or a token id"),
     ],
 )
 def test_invalid_configs_name_the_problem(changes, message):

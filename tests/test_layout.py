@@ -23,6 +23,8 @@ ALLOWED = {
     "interop": {"spec", "nn", "interop"},
     "training": {"spec", "nn", "decoding", "interop", "training"},
     "parity": {"spec", "nn", "interop", "parity"},
+    # Hugging Face checkpoints: an entry-point-level room (load / save / the run-dir CLI).
+    "hf": {"spec", "nn", "decoding", "interop", "training", "parity", "hf"},
 }
 ENTRY_POINTS = {"cli.py", "__main__.py"}
 MAX_LINES = 600
@@ -90,7 +92,8 @@ def test_files_stay_small():
 def test_importing_the_packages_loads_no_jax():
     code = (
         "import sys, flax_transformer, torch_reference, flax_transformer.spec.config, "
-        "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding; "
+        "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding, "
+        "flax_transformer.hf; "
         "loaded = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
@@ -102,7 +105,12 @@ def test_importing_the_packages_loads_no_jax():
 
 @pytest.mark.parametrize(
     "package",
-    ["flax_transformer", "flax_transformer.parity", "flax_transformer.interop"],
+    [
+        "flax_transformer",
+        "flax_transformer.parity",
+        "flax_transformer.interop",
+        "flax_transformer.hf",
+    ],
 )
 def test_every_public_name_resolves(package):
     module = __import__(package, fromlist=["__all__"])

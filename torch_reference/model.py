@@ -97,32 +97,48 @@ def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
     return model
 
 
+# spec.config.ACTIVATIONS as torch modules; "gelu" is exact (erf), "gelu_tanh" GPT-2's gelu_new.
+ACTIVATIONS = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU,
+}
+
+
 class FeedForward(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.use_bias)
         self.linear2 = nn.Linear(config.d_ff, config.d_model, bias=config.use_bias)
-        self.activation = nn.ReLU() if config.activation == "relu" else nn.GELU()
-        self.dropout = nn.Dropout(config.dropout_rate)
+        self.activation = ACTIVATIONS[config.activation]()
+        rate = config.activation_dropout_rate
+        self.dropout = nn.Dropout(config.dropout_rate if rate is None else rate)
 
     def forward(self, x):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class PositionalEncoding(nn.Module):
-    """Sinusoidal (a buffer, not a param) or learned (`weight`), added from `offset`."""
+    """Sinusoidal (a buffer, not a param) or learned (`weight`), added from `offset` (or per
+    token from `positions` (batch, len)); position p reads row p + config.position_offset."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self.position_offset = config.position_offset
+        rows = config.max_len + config.position_offset
         if config.positional == "learned":
-            self.weight = nn.Parameter(torch.randn(config.max_len, config.d_model) * 0.02)
+            self.weight = nn.Parameter(torch.randn(rows, config.d_model) * 0.02)
         else:
-            table = torch.from_numpy(sinusoidal_table(config.max_len, config.d_model))
-            self.register_buffer("table", table, persistent=False)
+            constant = sinusoidal_table(rows, config.d_model, config.sinusoid_layout)
+            self.register_buffer("table", torch.from_numpy(constant), persistent=False)
 
-    def forward(self, x, offset: int = 0):
+    def forward(self, x, offset: int = 0, positions=None):
         table = self.weight if hasattr(self, "weight") else self.table
-        return x + table[offset : offset + x.shape[1]].to(x.dtype)[None]
+        if positions is not None:
+            return x + table[positions + self.position_offset].to(x.dtype)
+        start = offset + self.position_offset
+        return x + table[start : start + x.shape[1]].to(x.dtype)[None]
 
 
 def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
@@ -194,6 +210,17 @@ class Decoder(nn.Module):
         return x if self.norm is None else self.norm(x)
 
 
+class LogitsBias(nn.Module):
+    """A bias added to the logits after the output layer (config.final_logits_bias)."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, logits):
+        return logits + self.bias
+
+
 class _EmbeddingsMixin(nn.Module):
     def _init_embeddings(self, config: TransformerConfig, with_source: bool):
         self.config = config
@@ -203,15 +230,25 @@ class _EmbeddingsMixin(nn.Module):
             if with_source:
                 self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
             self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
-        positions = PositionalEncoding(config)
-        if config.positional == "learned":
-            self.pos_embed = positions
+        if config.positional != "learned":
+            self.positions = PositionalEncoding(config)
+        elif with_source and config.separate_positions:  # one learned table per stack
+            self.src_pos_embed = PositionalEncoding(config)
+            self.tgt_pos_embed = PositionalEncoding(config)
         else:
-            self.positions = positions
+            self.pos_embed = PositionalEncoding(config)
+        if config.embed_norm:
+            if with_source:
+                self.src_embed_norm = _layer_norm(config)
+            self.tgt_embed_norm = _layer_norm(config)
         self.embed_dropout = nn.Dropout(config.dropout_rate)
         self.lm_head = (
-            None if config.tie_output else nn.Linear(config.d_model, config.tgt_vocab_size)
+            None
+            if config.tie_output
+            else nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.lm_head_bias)
         )
+        if config.final_logits_bias:
+            self.logits_bias = LogitsBias(config.tgt_vocab_size)
 
     # Properties, not attributes: an aliased nn.Module would appear twice in state_dict().
     @property
@@ -224,17 +261,34 @@ class _EmbeddingsMixin(nn.Module):
             return self.shared_embed
         return self.tgt_embed
 
-    def _embed(self, table: nn.Embedding, tokens, offset: int = 0):
+    def _embed(self, side: str, tokens, offset: int = 0, positions=None):
+        """`side` "src" or "tgt": its token table, position table and embedding LayerNorm."""
+        table = self.src_embed_table if side == "src" else self.tgt_embed_table
         x = table(tokens)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        positions = self.pos_embed if self.config.positional == "learned" else self.positions
-        return self.embed_dropout(positions(x, offset))
+        if hasattr(self, f"{side}_pos_embed"):
+            add_positions = getattr(self, f"{side}_pos_embed")
+        else:
+            add_positions = getattr(self, "pos_embed", None) or self.positions
+        x = add_positions(x, offset, positions)
+        if self.config.embed_norm:
+            x = getattr(self, f"{side}_embed_norm")(x)
+        return self.embed_dropout(x)
 
     def _output_logits(self, x):
         if self.lm_head is None:
-            return x @ self.tgt_embed_table.weight.T
-        return self.lm_head(x)
+            logits = x @ self.tgt_embed_table.weight.T
+        else:
+            logits = self.lm_head(x)
+        return self.logits_bias(logits) if self.config.final_logits_bias else logits
+
+    def _default_target_mask(self, tokens):
+        """Causal, plus the pad_id keys hidden when config.mask_target_padding."""
+        mask = make_causal_mask(tokens.shape[1], tokens.device)
+        if self.config.mask_target_padding:
+            mask = mask & make_padding_mask(tokens, self.config.pad_id)
+        return mask
 
 
 class Transformer(_EmbeddingsMixin):
@@ -256,14 +310,12 @@ class Transformer(_EmbeddingsMixin):
     def encode(self, src, src_mask=None):
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
-        return self.encoder(self._embed(self.src_embed_table, src), src_mask)
+        return self.encoder(self._embed("src", src), src_mask)
 
     def decode(self, encoded, tgt, src_mask=None, tgt_mask=None):
         if tgt_mask is None:
-            tgt_mask = make_causal_mask(tgt.shape[1], tgt.device) & make_padding_mask(
-                tgt, self.config.pad_id
-            )
-        x = self.decoder(self._embed(self.tgt_embed_table, tgt), encoded, tgt_mask, src_mask)
+            tgt_mask = self._default_target_mask(tgt)
+        x = self.decoder(self._embed("tgt", tgt), encoded, tgt_mask, src_mask)
         return self._output_logits(x)
 
 
@@ -276,12 +328,11 @@ class TransformerLM(_EmbeddingsMixin):
         self.decoder = Encoder(config, num_layers=config.num_decoder_layers)
         self.to(TORCH_DTYPES[config.param_dtype])
 
-    def forward(self, tokens, mask=None):
+    def forward(self, tokens, mask=None, positions=None):
         if mask is None:
-            mask = make_causal_mask(tokens.shape[1], tokens.device) & make_padding_mask(
-                tokens, self.config.pad_id
-            )
-        return self._output_logits(self.decoder(self._embed(self.tgt_embed_table, tokens), mask))
+            mask = self._default_target_mask(tokens)
+        x = self._embed("tgt", tokens, positions=positions)
+        return self._output_logits(self.decoder(x, mask))
 
 
 def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

@@ -180,7 +180,7 @@ def load_weights(path, config: TransformerConfig | None = None, model: str | Non
     if not path.exists():
         raise ConversionError(f"{path}: no such file")
     if path.suffix in (".pt", ".pth", ".bin"):
-        tensors, metadata, fmt = _load_torch_pickle(path), {}, FORMAT_TORCH
+        tensors, metadata, fmt = load_torch_pickle(path), {}, FORMAT_TORCH
     else:
         tensors, metadata = load_safetensors(path)
         fmt = metadata.get("format") or (
@@ -200,7 +200,7 @@ def load_weights(path, config: TransformerConfig | None = None, model: str | Non
     return fmt, tensors, config, model
 
 
-def _load_torch_pickle(path: Path) -> dict[str, np.ndarray]:
+def load_torch_pickle(path: Path) -> dict[str, np.ndarray]:
     import torch
 
     try:

@@ -49,13 +49,19 @@ def with_axes(init_fn: Callable, axes: Sequence[str | None]) -> Callable:
     return init
 
 
+ACTIVATION_FNS = {
+    "relu": jax.nn.relu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf form (torch's)
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),  # GPT-2's gelu_new
+    "silu": jax.nn.silu,  # x * sigmoid(x), Marian's "swish"
+}
+
+
 def activation_fn(name: str):
-    """The config's activation. GELU is the exact erf form (torch's default), not tanh."""
-    if name == "relu":
-        return jax.nn.relu
-    if name == "gelu":
-        return functools.partial(jax.nn.gelu, approximate=False)
-    raise ValueError(f"unknown activation {name!r}")
+    """The config's activation (spec.config.ACTIVATIONS). "gelu" is exact, not tanh."""
+    if name not in ACTIVATION_FNS:
+        raise ValueError(f"unknown activation {name!r}")
+    return ACTIVATION_FNS[name]
 
 
 class Dense(nn.Module):
@@ -167,27 +173,55 @@ class FeedForward(nn.Module):
         # The hidden units are the "mlp" axis: linear1's output, linear2's input.
         x = dense(cfg.d_ff, ("embed", "mlp"), "linear1")(x)  # (..., d_ff)
         x = activation_fn(cfg.activation)(x)
-        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        rate = (
+            cfg.dropout_rate if cfg.activation_dropout_rate is None else cfg.activation_dropout_rate
+        )
+        x = Dropout(rate)(x, deterministic=deterministic)
         return dense(cfg.d_model, ("mlp", "embed"), "linear2")(x)
 
 
 class PositionalEncoding(nn.Module):
-    """Adds positions to (batch, len, d_model) embeddings, starting at `offset`.
+    """Adds positions to (batch, len, d_model) embeddings: position p reads row
+    p + config.position_offset of the table. Positions run from `offset` (a scalar), or are
+    given per token as `positions` (batch, len) (left-padded prompts).
 
-    Sinusoidal positions are a constant; learned ones are the param `weight` (max_len, d_model)
-    (torch key `pos_embed.weight` when this module is named pos_embed).
+    Sinusoidal positions are a constant (config.sinusoid_layout); learned ones are the param
+    `weight` (max_len + position_offset, d_model) (torch key `pos_embed.weight` when this
+    module is named pos_embed).
     """
 
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, offset: jax.Array | int = 0, positions: jax.Array | None = None
+    ) -> jax.Array:
         cfg = self.config
         length = x.shape[1]
+        rows = cfg.max_len + cfg.position_offset
         if cfg.positional == "learned":
             init = with_axes(nn.initializers.normal(0.02), ("position", "embed"))
-            table = self.param("weight", init, (cfg.max_len, cfg.d_model), cfg.param_dtype)
+            table = self.param("weight", init, (rows, cfg.d_model), cfg.param_dtype)
         else:
-            table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model), dtype=x.dtype)
-        positions = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
-        return x + positions.astype(x.dtype)[None]
+            constant = sinusoidal_table(rows, cfg.d_model, cfg.sinusoid_layout)
+            table = jnp.asarray(constant, dtype=x.dtype)
+        if positions is not None:
+            vectors = jnp.take(table, positions + cfg.position_offset, axis=0)  # (b, len, d)
+            return x + vectors.astype(x.dtype)
+        start = offset + cfg.position_offset
+        vectors = jax.lax.dynamic_slice_in_dim(table, start, length, axis=0)
+        return x + vectors.astype(x.dtype)[None]
+
+
+class LogitsBias(nn.Module):
+    """A bias (vocab,) added to the logits after the output layer (config.final_logits_bias;
+    transformers' `final_logits_bias` buffer of Marian / BART). Param `bias`."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, logits: jax.Array) -> jax.Array:
+        cfg = self.config
+        init = with_axes(nn.initializers.zeros, ("vocab",))
+        bias = self.param("bias", init, (cfg.tgt_vocab_size,), cfg.param_dtype)
+        return logits + bias.astype(logits.dtype)

@@ -14,7 +14,14 @@ from flax import linen as nn
 from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_padding_mask
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
-from flax_transformer.nn.layers import Dense, PositionalEncoding, layer_norm, with_axes
+from flax_transformer.nn.layers import (
+    Dense,
+    LayerNorm,
+    LogitsBias,
+    PositionalEncoding,
+    layer_norm,
+    with_axes,
+)
 from flax_transformer.spec.config import TransformerConfig
 
 
@@ -105,32 +112,48 @@ class DecodePosition(nn.Module):
 
 
 class _EmbeddingsMixin:
-    """Token embedding -> optional sqrt(d_model) scale -> positions -> dropout."""
+    """Token embedding -> optional sqrt(d_model) scale -> positions -> optional LayerNorm
+    (config.embed_norm) -> dropout."""
 
-    def _embed(self, embed: nn.Embed, tokens, offset, deterministic: bool, tag: str):
+    def _embed(
+        self, embed: nn.Embed, tokens, offset, deterministic: bool, tag: str, positions=None
+    ):
         cfg = self.config
         x = embed(tokens)  # (batch, len, d_model)
         if cfg.scale_embeddings:
             x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
-        x = self.positions(x, offset)
+        side = tag[:3]  # "src" / "tgt"
+        x = self._positions[side](x, offset, positions)
+        if cfg.embed_norm:
+            x = getattr(self, f"{side}_embed_norm")(x)
         x = self.embed_dropout(x, deterministic=deterministic)
         self.sow("intermediates", tag, x)
         return x
 
-    def _setup_positions(self, cfg: TransformerConfig) -> None:
-        # Learned positions own the param `pos_embed.weight`; sinusoidal ones hold no params.
-        if cfg.positional == "learned":
-            self.pos_embed = PositionalEncoding(cfg)
-            self.positions = self.pos_embed
+    def _setup_positions(self, cfg: TransformerConfig, with_source: bool) -> None:
+        # Learned positions own the param `pos_embed.weight` (or one table per stack,
+        # src_pos_embed / tgt_pos_embed); sinusoidal ones hold no params.
+        if cfg.positional != "learned":
+            positions = PositionalEncoding(cfg)
+            self._positions = {"src": positions, "tgt": positions}
+        elif with_source and cfg.separate_positions:
+            self.src_pos_embed = PositionalEncoding(cfg)
+            self.tgt_pos_embed = PositionalEncoding(cfg)
+            self._positions = {"src": self.src_pos_embed, "tgt": self.tgt_pos_embed}
         else:
-            self.positions = PositionalEncoding(cfg)
+            self.pos_embed = PositionalEncoding(cfg)
+            self._positions = {"src": self.pos_embed, "tgt": self.pos_embed}
         self.embed_dropout = Dropout(cfg.dropout_rate)
         self.decode_position = DecodePosition()
+        if cfg.final_logits_bias:
+            self.logits_bias = LogitsBias(cfg)
 
     def _output_logits(self, embed: nn.Embed, x):
         if self.config.tie_output:
-            return embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
-        return self.lm_head(x)
+            logits = embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
+        else:
+            logits = self.lm_head(x)
+        return self.logits_bias(logits) if self.config.final_logits_bias else logits
 
 
 def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
@@ -147,8 +170,32 @@ def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
 
 def _lm_head(cfg: TransformerConfig) -> Dense:
     return Dense(
-        cfg.tgt_vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, axes=("embed", "vocab")
+        cfg.tgt_vocab_size,
+        use_bias=cfg.lm_head_bias,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        axes=("embed", "vocab"),
     )
+
+
+def _embed_norm(cfg: TransformerConfig) -> LayerNorm:
+    """The LayerNorm on the embeddings (config.embed_norm), named by the attribute holding it."""
+    return LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        use_bias=cfg.use_bias,
+    )
+
+
+def default_target_mask(tokens, config: TransformerConfig):
+    """The decoder's mask when none is given: causal, and with config.mask_target_padding the
+    pad_id keys hidden too. transformers' decoders are causal only (Marian starts decoding with
+    its pad id, which must stay visible)."""
+    causal = make_causal_mask(tokens.shape[1])
+    if not config.mask_target_padding:
+        return causal
+    return combine_masks(causal, make_padding_mask(tokens, config.pad_id))
 
 
 class Transformer(_EmbeddingsMixin, nn.Module):
@@ -169,7 +216,9 @@ class Transformer(_EmbeddingsMixin, nn.Module):
             self.src_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
             self.src_embed_table, self.tgt_embed_table = self.src_embed, self.tgt_embed
-        self._setup_positions(cfg)
+        self._setup_positions(cfg, with_source=True)
+        if cfg.embed_norm:
+            self.src_embed_norm, self.tgt_embed_norm = _embed_norm(cfg), _embed_norm(cfg)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         if not cfg.tie_output:
@@ -215,7 +264,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         check_tokens("tgt", tgt, cfg.max_len)
         batch, tgt_len = tgt.shape
         if not decode and tgt_mask is None:
-            tgt_mask = combine_masks(make_causal_mask(tgt_len), make_padding_mask(tgt, cfg.pad_id))
+            tgt_mask = default_target_mask(tgt, cfg)
         if not decode:
             check_mask("tgt_mask", tgt_mask, (batch, cfg.num_heads, tgt_len, tgt_len))
         if encoded is not None:
@@ -249,22 +298,38 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
     def setup(self):
         cfg = self.config
         self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
-        self._setup_positions(cfg)
+        self._setup_positions(cfg, with_source=False)
+        if cfg.embed_norm:
+            self.tgt_embed_norm = _embed_norm(cfg)
         self.decoder = Encoder(cfg, num_layers=cfg.num_decoder_layers)
         if not cfg.tie_output:
             self.lm_head = _lm_head(cfg)
 
-    def __call__(self, tokens, *, mask=None, deterministic: bool = True, decode: bool = False):
-        """(batch, len) tokens -> logits (batch, len, vocab). mask defaults to causal + padding;
-        in decode mode it covers the cache positions and defaults to causal-over-cache."""
+    def __call__(
+        self,
+        tokens,
+        *,
+        mask=None,
+        positions=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
+        """(batch, len) tokens -> logits (batch, len, vocab). mask defaults to causal (+ padding,
+        see default_target_mask); in decode mode it covers the cache positions and defaults to
+        causal-over-cache. positions (batch, len): each token's position (left-padded prompts,
+        as transformers' position_ids); default: 0.. (continuing from the cache)."""
         cfg = self.config
         check_tokens("tokens", tokens, cfg.max_len)
         batch, length = tokens.shape
         if not decode and mask is None:
-            mask = combine_masks(make_causal_mask(length), make_padding_mask(tokens, cfg.pad_id))
+            mask = default_target_mask(tokens, cfg)
         if not decode:
             check_mask("mask", mask, (batch, cfg.num_heads, length, length))
+        if positions is not None and np.shape(positions) != (batch, length):
+            raise ValueError(
+                f"positions must be (batch, len) = {(batch, length)}, got {np.shape(positions)}"
+            )
         offset = self.decode_position(length, decode)
-        x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded")
+        x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded", positions)
         x = self.decoder(x, mask, deterministic=deterministic, decode=decode)
         return self._output_logits(self.tgt_embed, x)

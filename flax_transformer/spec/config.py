@@ -10,8 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-ACTIVATIONS = ("relu", "gelu")
+# gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 POSITIONALS = ("sinusoidal", "learned")
+# interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
+SINUSOID_LAYOUTS = ("interleaved", "halves")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 # How attention is computed; the same function either way (nn/attention.py, torch_reference).
 ATTENTION_IMPLS = ("auto", "fused", "reference")
@@ -31,7 +34,7 @@ class TransformerConfig:
     max_len: int = 512
     norm_first: bool = False  # False: post-LN (the paper); True: pre-LN
     final_norm: bool = False  # LayerNorm after the last encoder / decoder block
-    activation: str = "relu"  # "relu" | "gelu" (exact erf form, as torch)
+    activation: str = "relu"  # one of ACTIVATIONS; "gelu" is the exact erf form, as torch
     layer_norm_eps: float = 1e-5  # torch's default; Flax's own default is 1e-6
     scale_embeddings: bool = False  # multiply embeddings by sqrt(d_model)
     share_embeddings: bool = False  # one table for source and target (needs equal vocab)
@@ -46,6 +49,23 @@ class TransformerConfig:
     # (jax.nn.dot_product_attention / F.scaled_dot_product_attention); "auto": fused where it
     # was measured faster (Flax: on GPU; the torch twin keeps the reference path).
     attention_impl: str = "auto"
+    # Switches for checkpoints written by other code (Hugging Face Marian / BART / GPT-2,
+    # docs/hf.md); the defaults are the paper's model as above.
+    sinusoid_layout: str = "interleaved"  # one of SINUSOID_LAYOUTS
+    position_offset: int = 0  # position p reads row p + offset of the table (BART: 2)
+    embed_norm: bool = False  # LayerNorm after embedding + positions (src/tgt_embed_norm)
+    separate_positions: bool = False  # learned: one table per stack (src/tgt_pos_embed; BART)
+    activation_dropout_rate: float | None = (
+        None  # dropout after the FFN activation (None: dropout_rate)
+    )
+    lm_head_bias: bool = True  # an untied lm_head has a bias (Hugging Face heads have none)
+    final_logits_bias: bool = False  # a bias added to the logits after the head (logits_bias)
+    mask_target_padding: bool = True  # default decoder mask: causal + pad_id keys; False: causal
+    # Special token ids (None: not set; the tokenizer decides). decoder_start_id is the
+    # decoder's first token (Marian: the pad id), bos_id the begin-of-text token.
+    bos_id: int | None = None
+    eos_id: int | None = None
+    decoder_start_id: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -99,8 +119,35 @@ class TransformerConfig:
             problems.append(
                 f"pad_id must be a token id inside both vocabularies, got {self.pad_id!r}"
             )
+        problems += self._switch_problems()
         if problems:
             raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+
+    def _switch_problems(self) -> list[str]:
+        """The checks of the fields after attention_impl: (fields, test, what it must be)."""
+        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        vocab = self.tgt_vocab_size if is_int(self.tgt_vocab_size) else 0
+        token_id = lambda v: v is None or (is_int(v) and 0 <= v < vocab)  # noqa: E731
+        bools = ("embed_norm", "separate_positions", "lm_head_bias", "final_logits_bias")
+        bools += ("mask_target_padding",)
+        rate = lambda v: v is None or (isinstance(v, (int, float)) and 0.0 <= v < 1.0)  # noqa: E731
+        rules = [
+            (("sinusoid_layout",), lambda v: v in SINUSOID_LAYOUTS, f"one of {SINUSOID_LAYOUTS}"),
+            (("position_offset",), lambda v: is_int(v) and v >= 0, "a non-negative int"),
+            (bools, lambda v: isinstance(v, bool), "a bool"),
+            (("activation_dropout_rate",), rate, "None or in [0, 1)"),
+            (
+                ("bos_id", "eos_id", "decoder_start_id"),
+                token_id,
+                "None or a token id inside the target vocabulary",
+            ),
+        ]
+        return [
+            f"{name} must be {wanted}, got {getattr(self, name)!r}"
+            for names, ok, wanted in rules
+            for name in names
+            if not ok(getattr(self, name))
+        ]
 
     @property
     def head_dim(self) -> int:

@@ -1,0 +1,35 @@
+"""Hugging Face checkpoints (Marian, BART, mBART, GPT-2) in JAX: load, run, generate, save.
+
+    from flax_transformer import hf
+
+    model = hf.load("opus-mt-dir")                 # a directory written by save_pretrained
+    logits = model.forward(input_ids, attention_mask, decoder_input_ids)   # numpy in and out
+    tokens = model.generate(input_ids, attention_mask, num_beams=4)        # transformers' layout
+    hf.save(model, "out-dir")              # from_pretrained reads it back
+
+`load(path, dtype="float32") -> HFModel` reads config.json, the weights (safetensors, or
+pytorch_model.bin with torch.load(weights_only=True)), generation_config.json and the tokenizer
+files with numpy and safetensors; the weights are checked strictly. `HFModel` holds `.module`
+(the linen Transformer / TransformerLM), `.variables`, `.config` (the TransformerConfig),
+`.hf_config`, `.generation_config`, `.tokenizer` (transformers' AutoTokenizer, loaded lazily,
+None without tokenizer files or without transformers) and `.kind` ("seq2seq" | "lm").
+`HFModel.generate(input_ids, attention_mask=None, **kwargs)` calls
+`flax_transformer.hf.generation.generate(model, input_ids, attention_mask=..., **kwargs)`,
+imported on first use.
+
+CLI: `python -m flax_transformer.hf import HF_DIR RUN_DIR` (a train.py run directory that
+`generate` decodes with and `train.py --init-from` fine-tunes) and `... export RUN_DIR HF_DIR`.
+The weight and config mapping lives in interop/hf_*.py; docs/hf.md has the details.
+"""
+
+from flax_transformer.lazy import lazy_exports
+
+_EXPORTS = {
+    "HFModel": "flax_transformer.hf.model",
+    "load": "flax_transformer.hf.model",
+    "save": "flax_transformer.hf.model",
+    "UnsupportedConfigError": "flax_transformer.interop.hf_config",
+    "ConversionError": "flax_transformer.spec.tree_check",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,181 @@
+"""HFModel: a Hugging Face checkpoint as a linen model with its variables, and load / save."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.interop.hf_checkpoint import (
+    has_tokenizer,
+    read_hf_dir,
+    write_hf_dir,
+)
+from flax_transformer.interop.hf_config import SEQ2SEQ_TYPES, hf_to_config, model_kind
+from flax_transformer.interop.hf_weights import hf_state_to_params, params_to_hf_state
+from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.config import DTYPES, TransformerConfig
+from flax_transformer.spec.kinds import LM
+
+KINDS = {LM: "lm"}  # the project's model kind -> HFModel.kind ("seq2seq" | "lm")
+
+
+@dataclasses.dataclass(eq=False)
+class HFModel:
+    """A loaded Hugging Face model: run it with `forward` / `generate` (transformers' argument
+    names, numpy in and out), or use `.module` and `.variables` as any linen model."""
+
+    module: Any  # flax_transformer.nn.model.Transformer or TransformerLM
+    variables: dict[str, Any]  # {"params": ...}
+    config: TransformerConfig
+    hf_config: dict[str, Any]  # config.json, as read
+    generation_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    source: Path | None = None  # the directory it was loaded from (tokenizer files)
+
+    @property
+    def kind(self) -> str:
+        return "lm" if model_kind(self.hf_config) == LM else "seq2seq"
+
+    @property
+    def model_type(self) -> str:
+        return self.hf_config["model_type"]
+
+    @functools.cached_property
+    def tokenizer(self):
+        """transformers' AutoTokenizer for the source directory, or None (no tokenizer files,
+        or transformers not installed)."""
+        if self.source is None or not has_tokenizer(self.source):
+            return None
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            return None
+        return AutoTokenizer.from_pretrained(str(self.source))
+
+    @functools.cached_property
+    def _apply(self):
+        return jax.jit(self.module.apply)
+
+    def forward(
+        self, input_ids, attention_mask=None, decoder_input_ids=None, position_ids=None
+    ) -> np.ndarray:
+        """Logits (batch, len, vocab) as transformers' forward computes them.
+
+        seq2seq: `attention_mask` (batch, src_len) marks the real source tokens (None: all);
+        `decoder_input_ids` (batch, tgt_len) are the decoder's inputs (None: for BART and
+        mBART the source shifted right, as transformers does; Marian needs them). The decoder
+        is causal. LM (GPT-2): `attention_mask` hides padded keys (a left-padded batch),
+        `position_ids` (batch, len) default to 0..len-1, as in transformers' forward.
+        """
+        input_ids = _token_array("input_ids", input_ids)
+        mask = _key_mask(attention_mask, input_ids)  # (batch, 1, 1, len)
+        if self.kind == "lm":
+            if decoder_input_ids is not None:
+                raise ValueError("decoder_input_ids is for seq2seq models; GPT-2 takes input_ids")
+            mask = jnp.logical_and(make_causal_mask(input_ids.shape[1]), mask)
+            if position_ids is not None:
+                position_ids = _token_array("position_ids", position_ids)
+            out = self._apply(self.variables, input_ids, mask=mask, positions=position_ids)
+            return np.asarray(out)
+        if position_ids is not None:
+            raise ValueError("position_ids is for GPT-2; seq2seq positions start at 0")
+        if decoder_input_ids is None:
+            decoder_input_ids = self.shift_right(input_ids)
+        decoder_input_ids = _token_array("decoder_input_ids", decoder_input_ids)
+        if decoder_input_ids.shape[0] != input_ids.shape[0]:
+            raise ValueError(
+                f"decoder_input_ids has batch {decoder_input_ids.shape[0]}, input_ids "
+                f"{input_ids.shape[0]}"
+            )
+        out = self._apply(self.variables, input_ids, decoder_input_ids, src_mask=mask)
+        return np.asarray(out)
+
+    def shift_right(self, input_ids: np.ndarray) -> np.ndarray:
+        """The decoder inputs transformers makes when none are given: BART prepends
+        decoder_start_token_id; mBART moves each row's last real token (its language code) to
+        the front. Marian has no such default."""
+        pad = self.hf_config.get("pad_token_id")
+        if self.model_type == "bart":
+            start = self.hf_config.get("decoder_start_token_id")
+            shifted = np.concatenate([np.full_like(input_ids[:, :1], start), input_ids[:, :-1]], 1)
+            return np.where(shifted == -100, pad, shifted)
+        if self.model_type == "mbart":
+            last = (input_ids != pad).sum(axis=1) - 1
+            first = input_ids[np.arange(len(input_ids)), last][:, None]
+            return np.concatenate([first, input_ids[:, :-1]], axis=1)
+        raise ValueError(
+            f"{self.model_type} needs decoder_input_ids (transformers builds none for it)"
+        )
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Token ids as transformers' generate returns them (see flax_transformer.hf.generation)."""
+        from flax_transformer.hf.generation import generate
+
+        return generate(self, input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def _token_array(name: str, ids) -> np.ndarray:
+    array = np.asarray(ids)
+    if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must be (batch, length) integer token ids, got {array.shape}")
+    return array.astype(np.int32)
+
+
+def _key_mask(attention_mask, input_ids: np.ndarray) -> np.ndarray:
+    if attention_mask is None:
+        return np.ones((input_ids.shape[0], 1, 1, input_ids.shape[1]), bool)
+    mask = np.asarray(attention_mask)
+    if mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {mask.shape}, input_ids {input_ids.shape}: they must match"
+        )
+    return (mask != 0)[:, None, None, :]
+
+
+def load(path: str | Path, dtype: str = "float32") -> HFModel:
+    """A save_pretrained directory (marian, bart, mbart, gpt2) as an HFModel whose weights are
+    cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g. parity checks)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "float64" and jnp.zeros((), jnp.float64).dtype != jnp.float64:
+        raise ValueError(
+            "dtype float64 needs JAX's 64-bit mode: jax.config.update('jax_enable_x64', True) "
+            "or `with jax.enable_x64(True):`"
+        )
+    path = Path(path)
+    checkpoint = read_hf_dir(path)
+    config, notes = hf_to_config(checkpoint.hf_config, dtype, where=str(path / "config.json"))
+    for note in notes:
+        warnings.warn(f"{path}: {note}", stacklevel=2)
+    kind = model_kind(checkpoint.hf_config)
+    params = hf_state_to_params(
+        checkpoint.state, checkpoint.hf_config, config, kind, str(checkpoint.weights_path)
+    )
+    return HFModel(
+        module=model_for(config, kind),
+        variables=params,
+        config=config,
+        hf_config=checkpoint.hf_config,
+        generation_config=checkpoint.generation_config,
+        source=path,
+    )
+
+
+def save(model: HFModel, path: str | Path) -> Path:
+    """Write `model` as a save_pretrained directory: config.json, model.safetensors (in the
+    model's parameter dtype), generation_config.json and the source directory's tokenizer."""
+    if not isinstance(model, HFModel):
+        raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
+    model_type = model.hf_config.get("model_type")
+    if model_type not in (*SEQ2SEQ_TYPES, "gpt2"):
+        raise ValueError(f"cannot save model_type {model_type!r}")
+    state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model_type)
+    hf_config = {**model.hf_config, "dtype": model.config.param_dtype}
+    return write_hf_dir(path, hf_config, state, model.generation_config, model.source)
