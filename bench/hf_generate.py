@@ -213,7 +213,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args, argv)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print("| batch | beams | this project tok/s | transformers tok/s | floor tok/s | ratio | same |")
+    print(
+        "| batch | beams | this project tok/s | transformers tok/s | floor tok/s | ratio | same |"
+    )
     print("|---|---|---|---|---|---|---|")
     for c in result["cells"]:
         print(

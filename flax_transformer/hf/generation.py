@@ -80,7 +80,9 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
         )
     vocab = config.tgt_vocab_size
     if ids.min(initial=0) < 0 or ids.max(initial=0) >= config.src_vocab_size:
-        raise ValueError(f"generate: input_ids hold ids outside the vocabulary (size {config.src_vocab_size})")
+        raise ValueError(
+            f"generate: input_ids hold ids outside the vocabulary (size {config.src_vocab_size})"
+        )
     opts = resolve(
         kwargs=kwargs,
         generation_config=hf_model.generation_config or {},
@@ -99,7 +101,9 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
         rows, source = _lm_rows(ids, mask, opts, config.max_len), None
     if opts.num_beams > 1:  # transformers fills beam outputs with `pad or eos[0]`, else -1
         fill = (opts.pad_id or opts.eos_ids[0]) if opts.eos_ids else -1
-        rows = rows.replace(seq=np.where(np.arange(opts.max_length) < opts.prompt_len, rows.seq, fill))
+        rows = rows.replace(
+            seq=np.where(np.arange(opts.max_length) < opts.prompt_len, rows.seq, fill)
+        )
     plan, knobs = plan_and_knobs(opts, vocab)
     search = _Search(
         plan=plan,

@@ -137,7 +137,9 @@ def _as_ids(value, name: str) -> tuple[int, ...]:
     values = list(value) if isinstance(value, list | tuple) else [value]
     for v in values:
         if not _is_int(v) or v < 0:
-            raise ValueError(f"generate: {name} must be a token id or a list of them, got {value!r}")
+            raise ValueError(
+                f"generate: {name} must be a token id or a list of them, got {value!r}"
+            )
     return tuple(int(v) for v in values)
 
 
@@ -232,18 +234,26 @@ def resolve(
             f"generate: num_return_sequences ({num_return}) must be <= num_beams ({num_beams})"
         )
     if num_beams > 1 and do_sample:
-        raise ValueError("generate: beam sampling (num_beams > 1 with do_sample=True) is not supported")
+        raise ValueError(
+            "generate: beam sampling (num_beams > 1 with do_sample=True) is not supported"
+        )
     early_stopping = settings["early_stopping"]
     if early_stopping not in (True, False, "never"):
-        raise ValueError(f"generate: early_stopping must be True, False or 'never', got {early_stopping!r}")
+        raise ValueError(
+            f"generate: early_stopping must be True, False or 'never', got {early_stopping!r}"
+        )
 
     bad_words = []
     for seq in settings.get("bad_words_ids") or ():
         ids = _as_ids(seq, "bad_words_ids")
         if not ids or not isinstance(seq, list | tuple):
-            raise ValueError(f"generate: bad_words_ids must be a list of token id lists, got {seq!r}")
+            raise ValueError(
+                f"generate: bad_words_ids must be a list of token id lists, got {seq!r}"
+            )
         if any(t >= vocab_size for t in ids):
-            raise ValueError(f"generate: bad_words_ids entry {list(ids)} is outside the vocabulary ({vocab_size})")
+            raise ValueError(
+                f"generate: bad_words_ids entry {list(ids)} is outside the vocabulary ({vocab_size})"
+            )
         if len(ids) == 1 and ids[0] in eos_ids:
             continue  # transformers never bans a lone EOS
         bad_words.append(ids)
@@ -277,7 +287,9 @@ def resolve(
         length_penalty=float(settings["length_penalty"]),
         early_stopping=early_stopping,
         repetition_penalty=penalty,
-        no_repeat_ngram_size=_non_negative(settings["no_repeat_ngram_size"], "no_repeat_ngram_size"),
+        no_repeat_ngram_size=_non_negative(
+            settings["no_repeat_ngram_size"], "no_repeat_ngram_size"
+        ),
         eos_ids=eos_ids,
         pad_id=pad_id,
         decoder_start_id=start if is_seq2seq else None,
