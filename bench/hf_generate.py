@@ -175,13 +175,13 @@ def run(args, argv: list[str]) -> dict:
             weight_bytes / (bandwidth * 1e9),
             step_flops(sizes, batch * beams, src_len, 1 + new_tokens) / (gemm * 1e9),
         )
-        tok = lambda side: batch * new_tokens / statistics.median(times[(batch, beams)][side])  # noqa: E731
+        seconds = {side: statistics.median(times[(batch, beams)][side]) for side in ("flax", "hf")}
         result_cells.append(
             {
                 "batch": batch,
                 "num_beams": beams,
-                "flax_tok_s": round(tok("flax"), 2),
-                "hf_tok_s": round(tok("hf"), 2),
+                "flax_tok_s": round(batch * new_tokens / seconds["flax"], 2),
+                "hf_tok_s": round(batch * new_tokens / seconds["hf"], 2),
                 "floor_tok_s": round(batch / step_seconds, 2),
                 "same_tokens": bool(same[(batch, beams)]),
             }

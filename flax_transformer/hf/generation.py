@@ -76,7 +76,8 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     mask = None if attention_mask is None else _token_array(attention_mask, "attention_mask")
     if mask is not None and mask.shape != ids.shape:
         raise ValueError(
-            f"generate: attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match"
+            f"generate: attention_mask has shape {mask.shape}, input_ids {ids.shape}: "
+            "they must match"
         )
     vocab = config.tgt_vocab_size
     if ids.min(initial=0) < 0 or ids.max(initial=0) >= config.src_vocab_size:
@@ -146,7 +147,8 @@ def _seq2seq_rows(ids, mask, opts: Options, max_len: int):
         raise ValueError(f"generate: input_ids has {src_len} tokens, more than max_len {max_len}")
     if opts.max_length - 1 > max_len:
         raise ValueError(
-            f"generate: max_length {opts.max_length} exceeds the decoder's positions ({max_len} + 1)"
+            f"generate: max_length {opts.max_length} exceeds the decoder's positions "
+            f"({max_len} + 1)"
         )
     key_mask = np.ones(ids.shape, bool) if mask is None else mask.astype(bool)
     start = np.full((batch, 1), opts.decoder_start_id, np.int32)

@@ -252,7 +252,8 @@ def resolve(
             )
         if any(t >= vocab_size for t in ids):
             raise ValueError(
-                f"generate: bad_words_ids entry {list(ids)} is outside the vocabulary ({vocab_size})"
+                f"generate: bad_words_ids entry {list(ids)} is outside the vocabulary "
+                f"({vocab_size})"
             )
         if len(ids) == 1 and ids[0] in eos_ids:
             continue  # transformers never bans a lone EOS
