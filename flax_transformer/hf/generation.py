@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -117,12 +118,28 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if rng is None:
         rng = jax.random.key(0 if seed is None else int(seed))
     rows = jax.tree.map(jnp.asarray, rows)
-    seq, lengths = _run(model, hf_model.variables, rows, source, knobs, rng, search)
+    seq, lengths = _run(model, _on_device(hf_model), rows, source, knobs, rng, search)
     seq, lengths = np.asarray(seq), np.asarray(lengths)
     if opts.num_beams > 1:
         nrs = opts.num_return_sequences
         seq, lengths = seq[:, :nrs].reshape(-1, seq.shape[-1]), lengths[:, :nrs].reshape(-1)
     return seq[:, : opts.prompt_len + int(lengths.max())].astype(np.int64)
+
+
+# HFModel -> (the identity of its weight arrays, the weights on the device). Numpy weights (as
+# hf.load gives them) would otherwise be copied to the device by every call: ~300 MB for
+# opus-mt. A replaced array (or variables dict) is noticed and copied again.
+_DEVICE_VARIABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _on_device(hf_model):
+    leaves = jax.tree.leaves(hf_model.variables)
+    identity = tuple(map(id, leaves))
+    cached = _DEVICE_VARIABLES.get(hf_model)
+    if cached is None or cached[0] != identity:
+        cached = (identity, jax.device_put(hf_model.variables), leaves)  # leaves: keep ids alive
+        _DEVICE_VARIABLES[hf_model] = cached
+    return cached[1]
 
 
 def _token_array(value, name: str) -> np.ndarray:
