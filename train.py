@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         run,
         TrainOptions,
         ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize")
-        + ("keep_best", "early_stop", "profile_steps", "mesh"),
+        + ("keep_best", "early_stop", "profile_steps", "mesh", "init_from"),
         bleu_tokenize={
             "default": "auto",
             "choices": ("auto", *BLEU_TOKENIZERS),
@@ -166,6 +166,8 @@ def _flag_values(parser, path, flag) -> dict:
 def check_args(args) -> None:
     """What no options class can see: flags that go together. Values are checked by the options
     classes (options_from_args)."""
+    from flax_transformer.training.options import DataOptions
+
     sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
@@ -178,6 +180,15 @@ def check_args(args) -> None:
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
     if args.keep_best == "exact_match" and args.lm_text:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
+    if args.init_from:
+        model_flags = [f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(args, d)]
+        if args.config or model_flags:
+            given = ", ".join((["--config"] if args.config else []) + model_flags)
+            raise UsageError(f"--init-from takes the run's config; do not also give {given}")
+        if args.tokenizer != DataOptions.tokenizer:
+            raise UsageError("--init-from takes the run's tokenizer; do not also give --tokenizer")
+        if not args.resume and not (Path(args.init_from) / "run.json").exists():
+            raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
     if args.mesh:
         from flax_transformer.training.sharding import MeshError, make_mesh
 
@@ -298,6 +309,8 @@ def make_tokenizer(args, data, workdir: Path, train_pairs):
 
     if args.resume:
         return load_tokenizer(workdir / "tokenizer.json")
+    if args.init_from:  # the init run's tokenizer, whatever its kind
+        return load_tokenizer(Path(args.init_from) / "tokenizer.json")
     if data.tokenizer == "bpe":
         texts = (t for p in train_pairs for t in (p.source, p.target) if t)
         return BPETokenizer.train(texts, vocab_size=data.bpe_vocab_size)
@@ -310,14 +323,17 @@ def make_config(args, tokenizer, workdir: Path):
     values = dict(MODEL_DEFAULTS)
     if args.config:
         values = TransformerConfig.load(args.config).to_dict()
+    if args.init_from:  # the init run's config as it is (check_args refused model flags)
+        values = TransformerConfig.load(Path(args.init_from) / "config.json").to_dict()
     for dest, (fields, _) in MODEL_FLAGS.items():
         if getattr(args, dest) is not None:
             values.update(dict.fromkeys(fields, getattr(args, dest)))
-    values.update(
-        src_vocab_size=tokenizer.vocab_size,
-        tgt_vocab_size=tokenizer.vocab_size,
-        pad_id=tokenizer.pad_id,
-    )
+    if not args.init_from:
+        values.update(
+            src_vocab_size=tokenizer.vocab_size,
+            tgt_vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+        )
     config = TransformerConfig.from_dict(values)
     if args.resume:
         diff = config_diff(TransformerConfig.load(workdir / "config.json"), config)
@@ -363,6 +379,13 @@ def run(args, data, options, hooks, started: float) -> int:
     prepare_workdir(workdir, args.resume)
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
+    if args.init_from and not args.resume:
+        init_kind = json.loads((Path(args.init_from) / "run.json").read_text()).get("model")
+        if init_kind not in (None, kind):
+            raise UsageError(
+                f"--init-from {args.init_from} holds a {init_kind} model; the data "
+                f"given trains a {kind} model"
+            )
     tokenizer = make_tokenizer(args, data, workdir, train_pairs)
     config = make_config(args, tokenizer, workdir)
     with warnings.catch_warnings(record=True) as caught:
@@ -378,12 +401,18 @@ def run(args, data, options, hooks, started: float) -> int:
     if not args.resume:
         config.save(workdir / "config.json")
         tokenizer.save(workdir / "tokenizer.json")
+        carried = []
+        if args.init_from:
+            from flax_transformer.training.run import carry_files
+
+            carried = carry_files(args.init_from, workdir)
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,
             "args": {k: v for k, v in vars(args).items() if k not in ("resume", "run_config")},
             "train_examples": len(train_set),
             "valid_examples": len(valid_set),
+            **({"carry": carried} if carried else {}),
         }
         (workdir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
     print(

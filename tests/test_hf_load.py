@@ -1,6 +1,10 @@
 """hf.load against transformers' own PyTorch models (tiny random ones, saved to tmp dirs):
 the same logits in float64 (1e-12) and float32 (1e-5), weights read as transformers reads them."""
 
+import json
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -26,7 +30,9 @@ def saved(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize(
+    "model_type", ["marian", "bart", pytest.param("mbart", marks=pytest.mark.slow), "gpt2"]
+)
 def test_logits_equal_transformers_float64(saved, model_type):
     with jax.enable_x64(True):
         flax_logits, hf_logits = hf_models.logits_pair(model_type, *saved[model_type], "float64")
@@ -97,6 +103,38 @@ def test_pytorch_model_bin_loads_like_safetensors(saved, tmp_path):
     from_safetensors = jax.tree.leaves(hf.load(path).variables)
     for a, b in zip(from_bin, from_safetensors, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sharded_safetensors_load_like_one_file(saved, tmp_path):
+    _, path = saved["gpt2"]
+    state = load_file(str(path / "model.safetensors"))
+    keys = sorted(state)
+    shards = {
+        "model-00001-of-00002.safetensors": keys[:7],
+        "model-00002-of-00002.safetensors": keys[7:],
+    }
+    for name, names in shards.items():
+        save_file({k: state[k] for k in names}, str(tmp_path / name), metadata={"format": "pt"})
+    weight_map = {k: name for name, names in shards.items() for k in names}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_bytes((path / "config.json").read_bytes())
+    sharded = jax.tree.leaves(hf.load(tmp_path).variables)
+    for a, b in zip(sharded, jax.tree.leaves(hf.load(path).variables), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_loading_safetensors_needs_neither_torch_nor_transformers(saved):
+    code = (
+        "import sys; from flax_transformer import hf; "
+        f"model = hf.load({str(saved['bart'][1])!r}); "
+        "assert model.tokenizer is None; "
+        "loaded = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_forward_input_checks(saved):

@@ -59,10 +59,15 @@ def test_transformers_loads_the_saved_model_strictly_with_the_flax_logits(
     auto = AutoModelForCausalLM if model_type == "gpt2" else AutoModelForSeq2SeqLM
     reloaded, info = auto.from_pretrained(tmp_path, output_loading_info=True)
     assert not any(info.values()), info  # missing, unexpected, mismatched keys, errors
-    flax_logits, hf_logits = hf_models.logits_pair(model_type, reloaded.eval(), tmp_path, "float32")
-    assert_close(flax_logits, hf_logits, rtol=1e-5, what=f"{model_type} saved logits")
-    if model_type == "marian":  # the tokenizer files went along
-        assert (tmp_path / "tokenizer.json").exists()
+    reread = hf.load(tmp_path)  # the file holds exactly the changed weights
+    for a, b in zip(jax.tree.leaves(reread.variables), changed, strict=True):
+        np.testing.assert_array_equal(a, b)
+    if model_type == "marian":  # logits (the other families' follow from test_hf_load's parity)
+        flax_logits, hf_logits = hf_models.logits_pair(
+            model_type, reloaded.eval(), tmp_path, "float32"
+        )
+        assert_close(flax_logits, hf_logits, rtol=1e-5, what=f"{model_type} saved logits")
+        assert (tmp_path / "tokenizer.json").exists()  # the tokenizer files went along
 
 
 def copy_dir(source, destination, skip=()):
@@ -83,6 +88,15 @@ def test_unsupported_model_type(saved, tmp_path):
     path = copy_dir(saved["bart"], tmp_path)
     edit_config(path, model_type="t5")
     with pytest.raises(UnsupportedConfigError, match=r"model_type 't5' is not supported"):
+        hf.load(path)
+
+
+def test_a_config_without_a_required_option(saved, tmp_path):
+    path = copy_dir(saved["gpt2"], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    del config["n_embd"], config["n_head"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedConfigError, match="gpt2 config lacks n_embd, n_head"):
         hf.load(path)
 
 

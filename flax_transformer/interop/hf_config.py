@@ -72,6 +72,17 @@ LEGACY_VALUES = {
 }
 
 
+# The options a config must give (the others have transformers' defaults).
+_SEQ2SEQ_REQUIRED = ("vocab_size", "d_model", "encoder_layers", "decoder_layers")
+_SEQ2SEQ_REQUIRED += ("encoder_attention_heads", "encoder_ffn_dim", "max_position_embeddings")
+REQUIRED = {
+    "marian": (*_SEQ2SEQ_REQUIRED, "pad_token_id"),
+    "bart": (*_SEQ2SEQ_REQUIRED, "pad_token_id"),
+    "mbart": (*_SEQ2SEQ_REQUIRED, "pad_token_id"),
+    "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"),
+}
+
+
 class UnsupportedConfigError(ValueError):
     """A Hugging Face config this project cannot express; names every offending option."""
 
@@ -102,6 +113,9 @@ def hf_to_config(
             f"{', '.join(MODEL_TYPES)})"
         )
     problems, warnings = [], []
+    missing = [name for name in REQUIRED[model_type] if hf_config.get(name) is None]
+    if missing:
+        raise UnsupportedConfigError(f"{where}: {model_type} config lacks {', '.join(missing)}")
     for name, value in LEGACY_VALUES[model_type].items():
         if name in hf_config and hf_config[name] != value:
             problems.append(f"{name}={hf_config[name]!r} (only {value!r} is supported)")

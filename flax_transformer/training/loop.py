@@ -41,6 +41,7 @@ from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_curves
 from flax_transformer.training.profiling import StepProfiler, parse_step_range
+from flax_transformer.training.run import init_params_from
 from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
@@ -144,7 +145,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         truncate_metrics(metrics_path, resumed_at)
         print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
-        state = create_train_state(model, optimizer, opt.seed)
+        init = init_params_from(opt.init_from, cfg, job.model_kind) if opt.init_from else None
+        state = create_train_state(model, optimizer, opt.seed, init)
         metrics_path.write_text("")
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
     tensorboard = TensorBoardLog(

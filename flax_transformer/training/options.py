@@ -98,6 +98,12 @@ class TrainOptions:
         "(open with TensorBoard's Profile tab or Perfetto)",
         metavar="FIRST:LAST",
     )
+    init_from: str | None = option(
+        None,
+        "start from the weights, config and tokenizer of a run directory (a train.py workdir, "
+        "or one made by `python -m flax_transformer.hf import`); not with --config or model flags",
+        metavar="RUN_DIR",
+    )
     mesh: str | None = option(
         None,
         "shard training over devices, e.g. data=2,model=4 (batch over data, heads and FFN "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 
 from flax_transformer.nn.kinds import abstract_variables, model_for
-from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import SEQ2SEQ
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.tokenizer import load_tokenizer
@@ -57,6 +58,27 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         checkpointer.close()
     params = jax.tree.map(np.asarray, params)
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
+
+
+def init_params_from(run_dir: str | Path, config: TransformerConfig, kind: str):
+    """train.py --init-from: the params (inner tree) of a run directory's checkpoint, which
+    must be of the same model kind and config as the new run."""
+    run = load_run(run_dir)
+    if run.model_kind != kind:
+        raise ValueError(f"--init-from {run_dir}: a {run.model_kind} model, not a {kind} one")
+    diff = config_diff(run.config, config, ignore=("dropout_rate", "attention_impl", "remat"))
+    if diff:
+        raise ValueError(f"--init-from {run_dir}: config differs from the run's: {diff}")
+    return jax.tree.map(jax.numpy.asarray, run.params["params"])
+
+
+def carry_files(init_dir: str | Path, workdir: Path) -> list[str]:
+    """Copy the files an init run lists under "carry" in its run.json (e.g. an imported
+    model's Hugging Face config) into a run started from it; their names."""
+    carried = json.loads((Path(init_dir) / "run.json").read_text()).get("carry", [])
+    for name in carried:
+        shutil.copyfile(Path(init_dir) / name, workdir / name)
+    return carried
 
 
 def checkpoint_steps(directory: Path) -> list[int]:

@@ -105,6 +105,10 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
         raise ValueError(f"cannot read tokenizer file {path}: {err}") from None
     if isinstance(data, dict) and data.get("type") == BYTE_TOKENIZER_TYPE:
         return ByteTokenizer()
+    if isinstance(data, dict) and data.get("type") == "hf_pretrained":  # an imported model's
+        from flax_transformer.training.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer.load(path, data)
     if isinstance(data, dict) and "model" in data:
         from tokenizers import Tokenizer
 

@@ -1,0 +1,113 @@
+"""A Hugging Face directory as a train.py run directory and back.
+
+import: config.json (the TransformerConfig), tokenizer.json + hf_tokenizer/ (transformers'
+tokenizer, training/hf_tokenizer.py), run.json, checkpoints/0 (the weights; no optimizer state:
+fine-tune with `train.py --init-from`, there is nothing to --resume), and the Hugging Face
+config and generation config (hf_config.json, hf_generation_config.json), which run.json lists
+under "carry" so that a run started with --init-from keeps them for the export.
+export: the chosen checkpoint of such a run (or of one fine-tuned from it) through hf.save.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.hf.model import HFModel, load, save
+from flax_transformer.interop.hf_checkpoint import read_json
+from flax_transformer.interop.hf_config import hf_to_config
+from flax_transformer.spec.config import config_diff
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.training.checkpoint import Checkpointer
+from flax_transformer.training.hf_tokenizer import HF_TOKENIZER_DIR, HFTokenizer
+from flax_transformer.training.run import load_run
+from flax_transformer.training.state import TrainState
+
+HF_CONFIG, HF_GENERATION_CONFIG = "hf_config.json", "hf_generation_config.json"
+# Fields a run may change without changing the model it exports.
+EXPORT_IGNORES = ("attention_impl", "remat")
+
+
+def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
+    """Write `run_dir` (new or empty) from the save_pretrained directory `hf_dir`."""
+    hf_dir, run_dir = Path(hf_dir), Path(run_dir)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ValueError(f"{run_dir} exists and is not an empty directory; nothing was written")
+    model = load(hf_dir)
+    if model.tokenizer is None:
+        raise ValueError(
+            f"{hf_dir}: no tokenizer files (or transformers is not installed); a run directory "
+            "needs its tokenizer"
+        )
+    cfg = model.config
+    kind = LM if model.kind == "lm" else SEQ2SEQ
+    first = cfg.bos_id if kind == LM else cfg.decoder_start_id
+    if first is None or cfg.eos_id is None:
+        what = "bos_token_id" if kind == LM else "decoder_start_token_id"
+        raise ValueError(f"{hf_dir}/config.json: a run needs {what} and eos_token_id")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.json")
+    tokenizer = HFTokenizer(
+        model.tokenizer,
+        pad_id=cfg.pad_id,
+        bos_id=first,
+        eos_id=cfg.eos_id,
+        vocab_size=cfg.tgt_vocab_size,
+    )
+    tokenizer.save(run_dir / "tokenizer.json")
+    carry = [HF_CONFIG]
+    (run_dir / HF_CONFIG).write_text(json.dumps(model.hf_config, indent=2) + "\n")
+    if model.generation_config:
+        carry.append(HF_GENERATION_CONFIG)
+        text = json.dumps(model.generation_config, indent=2) + "\n"
+        (run_dir / HF_GENERATION_CONFIG).write_text(text)
+    run_info = {"model": kind, "tokenizer": tokenizer.kind, "args": {}, "carry": carry}
+    run_info["imported_from"] = str(hf_dir)
+    (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
+    checkpointer = Checkpointer(run_dir / "checkpoints")
+    try:
+        state = TrainState(
+            step=jnp.array(0, jnp.int32),
+            params=model.variables["params"],
+            opt_state={"none": np.zeros((), np.int32)},  # Orbax stores no empty item
+            rng=jax.random.PRNGKey(0),
+        )
+        checkpointer.save(state)
+    finally:
+        checkpointer.close()
+    return run_dir
+
+
+def export_run(run_dir: str | Path, hf_dir: str | Path, checkpoint: str | None = None) -> Path:
+    """Write the run's checkpoint (load_run's choice, or `checkpoint`) as a save_pretrained
+    directory. The run must come from an import (it carries hf_config.json)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / HF_CONFIG).exists():
+        raise ValueError(
+            f"{run_dir}: no {HF_CONFIG}; only runs imported from (or started with --init-from "
+            "an import of) a Hugging Face directory can be exported"
+        )
+    hf_config = read_json(run_dir / HF_CONFIG, "Hugging Face config")
+    generation = run_dir / HF_GENERATION_CONFIG
+    generation_config = read_json(generation, "generation config") if generation.exists() else {}
+    run = load_run(run_dir, checkpoint)
+    expected, _ = hf_to_config(hf_config, run.config.param_dtype, where=str(run_dir / HF_CONFIG))
+    diff = config_diff(expected, run.config, ignore=EXPORT_IGNORES)
+    if diff:
+        raise ValueError(
+            f"{run_dir}/config.json no longer matches {HF_CONFIG}: "
+            + ", ".join(f"{k}: {b!r} (Hugging Face: {a!r})" for k, (a, b) in diff.items())
+        )
+    model = HFModel(
+        module=run.model,
+        variables=run.params,
+        config=run.config,
+        hf_config=hf_config,
+        generation_config=generation_config,
+        source=run_dir / HF_TOKENIZER_DIR,
+    )
+    return save(model, hf_dir)
