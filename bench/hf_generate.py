@@ -158,7 +158,7 @@ def run(args, argv: list[str]) -> dict:
     same = {cell: True for cell in cells}
     for cell in cells:  # untimed: compilation and warm-up
         same[cell] &= np.array_equal(flax_call(*cell), torch_call(*cell))
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         for cell in cells:
             start = time.perf_counter()
             ours = flax_call(*cell)
@@ -167,6 +167,12 @@ def run(args, argv: list[str]) -> dict:
             theirs = torch_call(*cell)
             times[cell]["hf"].append(time.perf_counter() - start)
             same[cell] &= bool(np.array_equal(ours, theirs))
+            print(
+                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: "
+                f"flax {times[cell]['flax'][-1]:.2f} s, transformers {times[cell]['hf'][-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     bandwidth = matvec_bandwidth(5 if args.quick else 20)
     gemm = best_gemm_gflops(256 if args.quick else 2048, 3 if args.quick else 5)["jax"]
