@@ -20,23 +20,31 @@ OPUS_MT_SETTINGS = dict(
 )  # fmt: skip
 
 
+class Models(dict):
+    """{name: (transformers model in float64, HFModel in float64)}, built on first use."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name):
+        from flax_transformer import hf
+
+        model_type = "marian" if name == "opus" else name
+        # Weights larger than transformers' init: the outputs depend on the input.
+        init = {"initializer_range" if model_type == "gpt2" else "init_std": 0.5}
+        torch_model = build(model_type, seed=1, **init)
+        if name == "opus":  # opus-mt's generation_config.json
+            torch_model.generation_config.update(**OPUS_MT_SETTINGS)
+        path = save(torch_model, self.tmp_path_factory.mktemp(name))
+        with jax.enable_x64(True):
+            self[name] = (torch_model.double(), hf.load(path, dtype="float64"))
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """{model_type: (transformers model in float64, HFModel in float64)}."""
-    from flax_transformer import hf
-
-    out = {}
-    with jax.enable_x64(True):
-        for name in ("marian", "bart", "gpt2", "opus"):
-            model_type = "marian" if name == "opus" else name
-            # Weights larger than transformers' init: the outputs depend on the input.
-            init = {"initializer_range" if model_type == "gpt2" else "init_std": 0.5}
-            torch_model = build(model_type, seed=1, **init)
-            if name == "opus":  # opus-mt's generation_config.json
-                torch_model.generation_config.update(**OPUS_MT_SETTINGS)
-            path = save(torch_model, tmp_path_factory.mktemp(name))
-            out[name] = (torch_model.double(), hf.load(path, dtype="float64"))
-    return out
+    return Models(tmp_path_factory)
 
 
 def batch_for(name: str, flax_model, seed: int = 0):
