@@ -250,3 +250,16 @@ def test_sampling(models):
     assert not np.array_equal(draws[0], draws[2])
     assert many.shape[0] == 3 * len(ids)
     np.testing.assert_array_equal(many[::3, : ids.shape[1]], ids)
+
+
+@pytest.mark.slow
+def test_single_row_greedy(models):
+    """One input row (decoded as two copies inside, see generation.py) gives transformers'
+    tokens, and the same tokens as inside a batch."""
+    torch_model, flax_model = models["marian"]
+    ids, mask = batch_for("marian", flax_model, seed=4)
+    with jax.enable_x64(True):
+        alone = flax_model.generate(ids[:1, :9], mask[:1, :9], max_new_tokens=NEW)
+        batched = flax_model.generate(ids, mask, max_new_tokens=NEW)
+    assert_same(alone, hf_generate(torch_model, ids[:1, :9], mask[:1, :9], max_new_tokens=NEW))
+    np.testing.assert_array_equal(alone[0], batched[0, : alone.shape[1]])
