@@ -144,7 +144,7 @@ def load(path: str | Path, dtype: str = "float32") -> HFModel:
     cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g. parity checks)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "float64" and jnp.zeros((), jnp.float64).dtype != jnp.float64:
+    if dtype == "float64" and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
         raise ValueError(
             "dtype float64 needs JAX's 64-bit mode: jax.config.update('jax_enable_x64', True) "
             "or `with jax.enable_x64(True):`"
