@@ -217,7 +217,8 @@ class MultiHeadAttention(nn.Module):
         chunk = key.shape[1]
         max_len = cached_key.value.shape[1]
         index = cache_index.value
-        start = (0, index, 0, 0)
+        zero = jnp.zeros((), index.dtype)  # same index dtype as cache_index, also in x64 mode
+        start = (zero, index, zero, zero)
         cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
         cache_index.value = index + chunk

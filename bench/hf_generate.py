@@ -1,0 +1,240 @@
+"""Generation speed of an imported opus-mt-size Marian model: this project against transformers.
+
+    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick]
+
+A random Marian model of opus-mt size (transformers' MarianConfig: d_model 512, 8 heads, 6+6
+layers, d_ff 2048, vocab 58101, swish, shared and tied embeddings; generation_config.json as
+opus-mt's: bad_words_ids [[pad]], forced_eos_token_id, max_length 512, num_beams 4) is written
+with save_pretrained to a temporary directory and loaded by both sides: `hf.load(dir)`
+(float32) and `MarianMTModel.from_pretrained(dir)` (float32, torch threads = JAX's = the CPU
+count). Each cell (batch 1 and 8 x greedy and beam 4) translates `batch` random sources of
+32 tokens into 64 new tokens; EOS is suppressed the same way on both sides (min_new_tokens=64,
+so every row makes all 64 tokens). Each cell runs once untimed on this side (compilation) and
+transformers makes one short warm-up call; then every round times every cell on both sides in
+turn (interleaved: a noisy neighbour slows both alike), and the medians are reported.
+tokens/s = batch * 64 / seconds per call. same_tokens: both returned the same token array in
+every timed round.
+
+floor_tok_s, the roofline of the cell, per decoding step the larger of
+(a) the bytes of every decoder and output weight read once (cross-attention keys/values are
+    computed once per source, so their weights are not counted) at the bandwidth of a
+    58101 x 512 float32 matrix-vector product timed in the same run, and
+(b) the step's matmul FLOPs (batch * beams rows through those weights, plus attention over the
+    cache and the source) at the float32 GEMM peak timed in the same run (JAX, 2048^3);
+floor_tok_s = batch / that time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+OPUS_MT = dict(
+    vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+    decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+    max_position_embeddings=512, pad_token_id=58100, eos_token_id=0,
+    decoder_start_token_id=58100, activation_function="swish", scale_embedding=True,
+    share_encoder_decoder_embeddings=True,
+)  # fmt: skip
+TINY = dict(
+    OPUS_MT, vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+    decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=63,
+    decoder_start_token_id=63,
+)  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", required=True, help="where to write the results")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
+    parser.add_argument("--quick", action="store_true", help="a tiny model (smoke test)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    return args
+
+
+def make_checkpoint(directory: Path, sizes: dict) -> None:
+    """A random Marian model with opus-mt's generation settings, saved with save_pretrained."""
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(**sizes))
+    pad, eos = sizes["pad_token_id"], sizes["eos_token_id"]
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=eos,
+        forced_eos_token_id=eos, max_length=512, num_beams=4, pad_token_id=pad,
+    )  # fmt: skip
+    model.save_pretrained(directory)
+
+
+def roofline_weights(sizes: dict) -> tuple[int, int]:
+    """(parameters read once per step, their matmul parameters): every decoder weight except
+    the cross-attention key/value maps, plus the output projection and logits bias."""
+    d, ff, vocab = sizes["d_model"], sizes["decoder_ffn_dim"], sizes["vocab_size"]
+    layers = sizes["decoder_layers"]
+    linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731
+    per_layer = 4 * linear(d, d) + 2 * linear(d, d) + linear(d, ff) + linear(ff, d) + 3 * 2 * d
+    matmul_per_layer = 6 * d * d + 2 * d * ff
+    return layers * per_layer + vocab * d + vocab, layers * matmul_per_layer + vocab * d
+
+
+def step_flops(sizes: dict, rows: int, src_len: int, cache_len: int) -> float:
+    """Matmul FLOPs of one decoding step for `rows` sequences (attention included)."""
+    _, matmul_params = roofline_weights(sizes)
+    attention = sizes["decoder_layers"] * 2 * 2 * sizes["d_model"] * (cache_len + src_len)
+    return 2.0 * rows * matmul_params + rows * attention
+
+
+def matvec_bandwidth(repeats: int) -> float:
+    """GB/s of a jitted 58101 x 512 float32 matrix-vector product (best of `repeats`)."""
+    import jax
+    import jax.numpy as jnp
+
+    weight = jax.random.normal(jax.random.key(0), (58101, 512), jnp.float32)
+    vector = jnp.ones((512,), jnp.float32)
+    matvec = jax.jit(lambda w, v: w @ v)
+    matvec(weight, vector).block_until_ready()
+    best = min(_timed(lambda: matvec(weight, vector).block_until_ready()) for _ in range(repeats))
+    return weight.size * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(args, argv: list[str]) -> dict:
+    import jax
+    import torch
+    import transformers
+    from transformers import MarianMTModel
+
+    from bench.train_throughput import best_gemm_gflops
+    from flax_transformer import hf
+
+    sizes = TINY if args.quick else OPUS_MT
+    src_len, new_tokens = (8, 4) if args.quick else (32, 64)
+    cells = [(1, 1), (1, 4), (8, 1), (8, 4)] if not args.quick else [(1, 1), (2, 2)]
+    transformers.logging.set_verbosity_error()  # its max_length vs max_new_tokens notice
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        make_checkpoint(Path(tmp), sizes)
+        flax_model = hf.load(tmp)
+        torch_model = MarianMTModel.from_pretrained(tmp).eval()
+    rng = np.random.default_rng(0)
+    sources = rng.integers(1, sizes["vocab_size"] - 1, (max(b for b, _ in cells), src_len))
+
+    def flax_call(batch, beams):
+        ids = sources[:batch]
+        return flax_model.generate(
+            ids, np.ones_like(ids), num_beams=beams, max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+        )  # fmt: skip
+
+    def torch_call(batch, beams):
+        ids = torch.as_tensor(sources[:batch])
+        with torch.inference_mode():
+            out = torch_model.generate(
+                ids, attention_mask=torch.ones_like(ids), num_beams=beams,
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            )  # fmt: skip
+        return out.numpy()
+
+    times = {cell: {"flax": [], "hf": []} for cell in cells}
+    same = {cell: True for cell in cells}
+    for cell in cells:  # untimed: compilation (transformers has none; one short warm-up call)
+        flax_call(*cell)
+    torch_model.generate(torch.as_tensor(sources[:1]), max_new_tokens=2)
+    for round_index in range(args.rounds):
+        for cell in cells:
+            start = time.perf_counter()
+            ours = flax_call(*cell)
+            times[cell]["flax"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            theirs = torch_call(*cell)
+            times[cell]["hf"].append(time.perf_counter() - start)
+            same[cell] &= bool(np.array_equal(ours, theirs))
+            print(
+                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: "
+                f"flax {times[cell]['flax'][-1]:.2f} s, transformers {times[cell]['hf'][-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    bandwidth = matvec_bandwidth(5 if args.quick else 20)
+    gemm = best_gemm_gflops(256 if args.quick else 2048, 3 if args.quick else 5)["jax"]
+    weight_bytes = roofline_weights(sizes)[0] * 4
+    result_cells = []
+    for batch, beams in cells:
+        step_seconds = max(
+            weight_bytes / (bandwidth * 1e9),
+            step_flops(sizes, batch * beams, src_len, 1 + new_tokens) / (gemm * 1e9),
+        )
+        seconds = {side: statistics.median(times[(batch, beams)][side]) for side in ("flax", "hf")}
+        result_cells.append(
+            {
+                "batch": batch,
+                "num_beams": beams,
+                "flax_tok_s": round(batch * new_tokens / seconds["flax"], 2),
+                "hf_tok_s": round(batch * new_tokens / seconds["hf"], 2),
+                "floor_tok_s": round(batch / step_seconds, 2),
+                "same_tokens": bool(same[(batch, beams)]),
+            }
+        )
+    machine = {
+        "command": " ".join(["python", "-m", "bench.hf_generate", *argv]),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": threads,
+        "jax": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "matvec_gb_s": round(bandwidth, 2),
+        "gemm_gflops": round(gemm, 2),
+        "weight_bytes_per_step": weight_bytes,
+        "rounds": args.rounds,
+        "src_len": src_len,
+        "new_tokens": new_tokens,
+        "model": "tiny Marian (--quick)" if args.quick else "opus-mt-size Marian, random",
+    }
+    return {"cells": result_cells, "machine": machine}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    result = run(args, argv)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        "| batch | beams | this project tok/s | transformers tok/s | floor tok/s | ratio | same |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for c in result["cells"]:
+        print(
+            f"| {c['batch']} | {c['num_beams']} | {c['flax_tok_s']:.1f} | {c['hf_tok_s']:.1f} | "
+            f"{c['floor_tok_s']:.1f} | {c['flax_tok_s'] / c['hf_tok_s']:.2f}x | "
+            f"{c['same_tokens']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""bench.hf_generate: a --quick run (tiny Marian) writes the report the issue asks for, and
+both sides produce the same tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import hf_generate
+
+
+@pytest.mark.slow
+def test_quick_run_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "hf_generate.json"
+    assert hf_generate.main(["--quick", "--rounds", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result) == {"cells", "machine"}
+    keys = {"batch", "num_beams", "flax_tok_s", "hf_tok_s", "floor_tok_s", "same_tokens"}
+    assert [(c["batch"], c["num_beams"]) for c in result["cells"]] == [(1, 1), (2, 2)]
+    for cell in result["cells"]:
+        assert set(cell) == keys
+        assert cell["same_tokens"] is True
+        assert cell["flax_tok_s"] > 0 and cell["hf_tok_s"] > 0 and cell["floor_tok_s"] > 0
+    machine = result["machine"]
+    assert machine["matvec_gb_s"] > 0 and machine["gemm_gflops"] > 0
+    assert machine["torch_threads"] == machine["cpu_count"]
+    assert "| 2 | 2 |" in capsys.readouterr().out
+
+
+def test_roofline_weights_are_the_issue_s_207_mb():
+    """Every decoder and output weight of opus-mt size, cross-attention keys/values excluded."""
+    params, matmul = hf_generate.roofline_weights(hf_generate.OPUS_MT)
+    assert round(params * 4 / 1e6) == 208  # 207.5 MB: the issue's "207 MB in float32"
+    assert matmul == 6 * (6 * 512 * 512 + 2 * 512 * 2048) + 58101 * 512
+
+
+def test_bad_rounds_is_an_argparse_error():
+    with pytest.raises(SystemExit) as error:
+        hf_generate.parse_args(["--json", "x", "--rounds", "0"])
+    assert error.value.code == 2
