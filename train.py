@@ -500,8 +500,10 @@ def run(args, data, options, hooks, started: float) -> int:
     barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
+    # The init run's run.json, read once: its model kind and the files it carries.
+    init_run = (read_run_json(Path(args.init_from) / "run.json") or {}) if args.init_from else {}
     if args.init_from and not args.resume:
-        init_kind = json.loads((Path(args.init_from) / "run.json").read_text()).get("model")
+        init_kind = init_run.get("model")
         if init_kind not in (None, kind):
             raise UsageError(
                 f"--init-from {args.init_from} holds a {init_kind} model; the data "
@@ -532,7 +534,7 @@ def run(args, data, options, hooks, started: float) -> int:
             if args.init_from:
                 from flax_transformer.training.run import carry_files
 
-                carried = carry_files(args.init_from, workdir)
+                carried = carry_files(args.init_from, init_run.get("carry", []), workdir)
         run_info = {
             "model": kind,
             "tokenizer": tokenizer.kind,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 
 from flax_transformer.nn.kinds import abstract_variables, model_for
+from flax_transformer.spec.atomic_io import atomic_write_bytes
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import SEQ2SEQ
 from flax_transformer.spec.naming import flatten_params
@@ -84,13 +84,12 @@ def init_params_from(run_dir: str | Path, config: TransformerConfig, kind: str):
     return jax.tree.map(jax.numpy.asarray, run.params["params"])
 
 
-def carry_files(init_dir: str | Path, workdir: Path) -> list[str]:
-    """Copy the files an init run lists under "carry" in its run.json (e.g. an imported
-    model's Hugging Face config) into a run started from it; their names."""
-    carried = json.loads((Path(init_dir) / "run.json").read_text()).get("carry", [])
-    for name in carried:
-        shutil.copyfile(Path(init_dir) / name, workdir / name)
-    return carried
+def carry_files(init_dir: str | Path, names: list[str], workdir: Path) -> list[str]:
+    """Copy the files an init run lists under "carry" in its run.json (`names`, e.g. an
+    imported model's Hugging Face config) into a run started from it; their names."""
+    for name in names:
+        atomic_write_bytes(workdir / name, (Path(init_dir) / name).read_bytes())
+    return list(names)
 
 
 def check_matches_checkpoint(config, abstract, saved_shapes, workdir: Path, step: int) -> None:
