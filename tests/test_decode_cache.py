@@ -164,11 +164,12 @@ def test_init_cache_shapes_and_bad_sizes():
     model = model_for(config, "transformer")
     cache = init_cache(model, 2, 10, src_len=7)
     layer = cache["decoder"]["layers_1"]  # every layer has its own cache
-    assert layer["self_attn"]["cached_key"].shape == (2, 10, 4, 8)
-    assert layer["cross_attn"]["cached_key"].shape == (2, 7, 4, 8)
+    # heads first: (batch, heads, len, head_dim)
+    assert layer["self_attn"]["cached_key"].shape == (2, 4, 10, 8)
+    assert layer["cross_attn"]["cached_key"].shape == (2, 4, 7, 8)
     assert int(layer["self_attn"]["cache_index"]) == 0
     lm_cache = init_cache(model_for(config, "lm"), 3, 5)
-    assert lm_cache["decoder"]["layers_1"]["self_attn"]["cached_value"].shape == (3, 5, 4, 8)
+    assert lm_cache["decoder"]["layers_1"]["self_attn"]["cached_value"].shape == (3, 4, 5, 8)
     with pytest.raises(ValueError, match="src_len"):
         init_cache(model, 2, 10)
     with pytest.raises(ValueError, match="max_len"):

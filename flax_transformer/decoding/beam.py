@@ -68,15 +68,6 @@ def beam_search(
     beams, n_new, alpha = strategy.size, max_new_tokens, strategy.alpha
     best_possible_penalty = length_penalty(n_new, alpha)  # alpha >= 0: the largest
 
-    def reorder_state(state, beam_index):  # leaves (B*K, ...) follow their chosen parent beam
-        def leaf(x):
-            if x.ndim == 0:
-                return x
-            x = x.reshape((batch, beams) + x.shape[1:])
-            return _gather(x, beam_index).reshape((batch * beams,) + x.shape[2:])
-
-        return jax.tree.map(leaf, state)
-
     def step(hyps: Hypotheses, pos, logits):
         """Extend the beams with the token at position `pos`; logits (B*K, V)."""
         vocab = logits.shape[-1]
@@ -117,9 +108,8 @@ def beam_search(
             lambda o, n: jnp.where(active.reshape((batch,) + (1,) * (n.ndim - 1)), n, o), old, new
         )
 
-    tile = lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x  # noqa: E731
     logits, state = stepper.start(prompts.tokens[:, :prefix_len])
-    logits, state = tile(logits), jax.tree.map(tile, state)  # (B*K, ...)
+    logits, state = jnp.repeat(logits, beams, axis=0), state.for_beams(beams)  # (B*K, ...)
     empty = jnp.full((batch, beams, n_new), pad_id, jnp.int32)
     first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)  # identical beams: keep one
     hyps = Hypotheses(
@@ -131,7 +121,7 @@ def beam_search(
     )
     pos = jnp.array(prefix_len, jnp.int32)
     hyps, token, beam_index, done = step(hyps, pos, logits)
-    first = BeamLoop(pos, reorder_state(state, beam_index), token, hyps, done)
+    first = BeamLoop(pos, state.reordered(beam_index), token, hyps, done)
 
     def body(loop: BeamLoop) -> BeamLoop:
         pos = loop.pos + 1
@@ -139,7 +129,7 @@ def beam_search(
         hyps, token, beam_index, done = step(loop.hyps, pos, logits)
         return BeamLoop(
             pos=pos,
-            state=reorder_state(state, beam_index),
+            state=state.reordered(beam_index),
             token=token,
             hyps=freeze(loop.hyps, hyps, ~loop.done),
             done=loop.done | done,

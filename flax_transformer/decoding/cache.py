@@ -8,8 +8,9 @@ buffer: static shapes under jit, causal mask.
 
 A stepper's `start(prefix (B, m))` returns the logits after the prefix (B, V) and a state;
 `feed(state, token (B,), pos)` returns the logits after `token`, which sits at position `pos`.
-Every array in a state has the batch first (scalars excepted), so beam search can tile and
-reorder it leaf by leaf.
+Every array in a state has the batch first (scalars excepted); beam search expands a state to
+its beams with `state.for_beams(K)` and makes beams follow their parents with
+`state.reordered(beam_index)`.
 """
 
 from __future__ import annotations
@@ -65,12 +66,51 @@ class CachedState:
     cache: dict  # the `cache` collection, leaves (B, ...) and scalar indices
     src_mask: jax.Array | None  # (B, 1, 1, S) for a seq2seq model, else None
 
+    def for_beams(self, beams: int) -> CachedState:
+        """Each row's state for its `beams` beams: the self-attention cache tiled to (B*K, ...);
+        the cross-attention keys/values and the source mask stay (B, ...), shared by the
+        beams of a row (MultiHeadAttention reads them once for all of them)."""
+        tile = lambda x: jnp.repeat(x, beams, axis=0)  # noqa: E731
+        return self.replace(cache=_map_per_beam(tile, self.cache))
+
+    def reordered(self, beam_index: jax.Array) -> CachedState:
+        """Every beam's cache follows its parent: beam_index (B, K), parents within the row."""
+        gather = lambda x: _gather_beams(x, beam_index)  # noqa: E731
+        return self.replace(cache=_map_per_beam(gather, self.cache))
+
 
 @struct.dataclass
 class BufferState:
     buffer: jax.Array  # (B, cache_len) every token so far, zeros after them
     encoded: jax.Array | None  # (B, S, d_model) the encoder output, None for an LM
     src_mask: jax.Array | None  # (B, 1, 1, S), None for an LM
+
+    def for_beams(self, beams: int) -> BufferState:  # every leaf tiled to (B*K, ...)
+        return jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), self)
+
+    def reordered(self, beam_index: jax.Array) -> BufferState:
+        # encoded / src_mask are the same for every beam of a row: only the tokens move.
+        return self.replace(buffer=_gather_beams(self.buffer, beam_index))
+
+
+def _map_per_beam(fn, cache: dict) -> dict:
+    """fn on the cache leaves that differ between beams: not the scalar indices, not the
+    cross-attention keys/values."""
+
+    def leaf(path, x):
+        if x.ndim == 0 or any(getattr(k, "key", None) == "cross_attn" for k in path):
+            return x
+        return fn(x)
+
+    return jax.tree_util.tree_map_with_path(leaf, cache)
+
+
+def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
+    """x (B*K, ...) -> the rows of the parents beam_index (B, K) picks within each row."""
+    batch, beams = beam_index.shape
+    x = x.reshape((batch, beams) + x.shape[1:])
+    index = beam_index.reshape(beam_index.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1).reshape((batch * beams,) + x.shape[2:])
 
 
 def make_stepper(model, variables, source: Source | None, cache_len: int, use_cache: bool):

@@ -65,19 +65,6 @@ def gather_beams(x, index):  # x (B, K', ...), index (B, K) -> (B, K, ...)
     return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def reorder_cache(state, beam_index, batch: int, beams: int):
-    """Every (B*K, ...) leaf follows its beam's parent. Cross-attention keys/values are left as
-    they are: all beams of a row share them, so a gather would copy identical data."""
-
-    def leaf(path, x):
-        if x.ndim == 0 or any("cross_attn" in str(getattr(k, "key", k)) for k in path):
-            return x
-        x = x.reshape((batch, beams) + x.shape[1:])
-        return gather_beams(x, beam_index).reshape((batch * beams,) + x.shape[2:])
-
-    return jax.tree_util.tree_map_with_path(leaf, state)
-
-
 def beam_search(
     stepper, rows: Rows, plan: ProcessorPlan, knobs: Knobs, *, beams: int, n_eos: int,
     n_new: int, prefix_len: int,
@@ -159,7 +146,7 @@ def beam_search(
         return new, beam_index
 
     logits, state = stepper.start(rows.tokens[:, :prefix_len])
-    logits, state = tile(logits), jax.tree.map(lambda x: tile(x) if x.ndim else x, state)
+    logits, state = tile(logits), state.for_beams(beams)
     seq = jnp.broadcast_to(rows.seq[:, None, :], (batch, beams, length))
     first_scores = jnp.where(jnp.arange(beams) == 0, 0.0, -big).astype(jnp.float32)
     first = BeamLoop(
@@ -176,12 +163,12 @@ def beam_search(
         done=jnp.zeros((batch,), bool),
     )
     first, beam_index = step(first, logits)
-    first = first.replace(state=reorder_cache(first.state, beam_index, batch, beams))
+    first = first.replace(state=first.state.reordered(beam_index))
 
     def body(loop: BeamLoop) -> BeamLoop:
         logits, state = stepper.feed(loop.state, loop.token.reshape(-1), loop.pos)
         loop, beam_index = step(loop.replace(pos=loop.pos + 1, state=state), logits)
-        return loop.replace(state=reorder_cache(loop.state, beam_index, batch, beams))
+        return loop.replace(state=loop.state.reordered(beam_index))
 
     last = jax.lax.while_loop(lambda loop: ~jnp.all(loop.done), body, first)
     return last.fin_seq, last.fin_len

@@ -48,17 +48,21 @@ def scaled_dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
+    heads_first: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """softmax(q k^T / sqrt(d_k)) v, per head.
 
-    query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim),
-    mask broadcastable to (batch, heads, q_len, k_len): boolean, True = attend; or float, added
-    to the scores, with -inf entries treated as blocked (so a fully blocked row gives zeros too).
+    query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim), or
+    (batch, heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
+    without a transpose), mask broadcastable to (batch, heads, q_len, k_len): boolean,
+    True = attend; or float, added to the scores, with -inf entries treated as blocked (so a
+    fully blocked row gives zeros too).
     Returns output (batch, q_len, heads, head_dim) and weights (batch, heads, q_len, k_len).
     The softmax runs in at least float32 even when the inputs are bfloat16.
     """
     head_dim = query.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(head_dim).astype(query.dtype)
+    kv = "bhkd" if heads_first else "bkhd"
+    scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key) / np.sqrt(head_dim).astype(query.dtype)
     softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
     scores = scores.astype(softmax_dtype)
     if mask is not None:
@@ -75,7 +79,7 @@ def scaled_dot_product_attention(
     attended = weights
     if not deterministic and dropout_rate > 0.0:
         attended = dropout(weights, dropout_rate, dropout_rng)
-    output = jnp.einsum("bhqk,bkhd->bqhd", attended, value)
+    output = jnp.einsum(f"bhqk,{kv}->bqhd", attended, value)
     return output, weights
 
 
@@ -118,11 +122,16 @@ class MultiHeadAttention(nn.Module):
     collection is mutable). config.attention_impl picks the kernel (use_fused_attention); the
     explicit path runs whenever the weights are wanted or attention dropout is active.
 
-    With `decode=True` it keeps a key/value cache in the `cache` collection:
-    - self-attention: `cached_key`/`cached_value` of shape (batch, max_len, heads, head_dim),
+    With `decode=True` it keeps a key/value cache in the `cache` collection, heads first (the
+    layout the attention products read as they are; (batch, len, heads, head_dim) made XLA
+    transpose every layer's cache on every decoding step):
+    - self-attention: `cached_key`/`cached_value` of shape (batch, heads, max_len, head_dim),
       filled from `cache_index`; a call may bring several tokens at once (prefill).
-    - cross-attention: the projected keys/values of `inputs_kv` are stored when given and
-      reused when `inputs_kv` is None, so the encoder output is projected once.
+    - cross-attention: the projected keys/values of `inputs_kv` (batch, heads, src_len,
+      head_dim) are stored when given and reused when `inputs_kv` is None, so the encoder
+      output is projected once. The queries may hold G rows per cached row (G * batch rows,
+      each row's G together, as beam search lays out its beams): the G rows share that row's
+      keys/values, read once instead of copied G times.
     The cache is created by a first call with decode=True (e.g. `model.init`), whose inputs set
     its shape.
     """
@@ -156,6 +165,7 @@ class MultiHeadAttention(nn.Module):
         split = lambda x: x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))  # noqa: E731
 
         query = split(dense("query")(inputs_q))  # (batch, q_len, heads, head_dim)
+        heads_first = decode  # the cache's layout: (batch, heads, len, head_dim)
         if is_cross:
             key, value = self._cross_keys_values(inputs_kv, dense, split, decode)
         else:
@@ -163,6 +173,9 @@ class MultiHeadAttention(nn.Module):
             key, value = split(dense("key")(source)), split(dense("value")(source))
             if decode:
                 key, value, mask = self._update_self_cache(key, value, mask)
+        group = 1  # query rows per key row (beams sharing one cached source)
+        if key.shape[0] != batch:
+            query, mask, group = _group_rows(query, key, mask)
 
         dropout_rng = None
         if not deterministic and cfg.attention_dropout_rate > 0.0:
@@ -170,6 +183,8 @@ class MultiHeadAttention(nn.Module):
         weights_wanted = self.is_mutable_collection("intermediates")
         fused = use_fused_attention(cfg.attention_impl, mask)
         if fused and dropout_rng is None and not weights_wanted:
+            if heads_first:  # the fused kernel takes (batch, len, heads, head_dim)
+                key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
             output = fused_attention(query, key, value, mask)
         else:
             output, weights = scaled_dot_product_attention(
@@ -180,9 +195,14 @@ class MultiHeadAttention(nn.Module):
                 dropout_rate=cfg.attention_dropout_rate,
                 dropout_rng=dropout_rng,
                 deterministic=deterministic,
+                heads_first=heads_first,
             )
+            if group > 1:  # (b, heads, G * q, k) -> (b * G, heads, q, k)
+                heads, k_len = weights.shape[1], weights.shape[-1]
+                weights = weights.reshape((-1, heads, group, q_len, k_len))
+                weights = jnp.swapaxes(weights, 1, 2).reshape((batch, heads, q_len, k_len))
             self.sow("intermediates", "attention_weights", weights)
-        output = output.reshape(batch, q_len, cfg.d_model)  # concat heads
+        output = output.reshape(batch, q_len, cfg.d_model)  # concat heads (and the G rows)
         return dense("out")(output)
 
     def _cross_keys_values(self, inputs_kv, dense, split, decode):
@@ -191,7 +211,8 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("cross-attention needs the encoder output (inputs_kv)")
             return split(dense("key")(inputs_kv)), split(dense("value")(inputs_kv))
         if inputs_kv is not None:
-            key, value = split(dense("key")(inputs_kv)), split(dense("value")(inputs_kv))
+            key = jnp.swapaxes(split(dense("key")(inputs_kv)), 1, 2)  # (batch, heads, S, hd)
+            value = jnp.swapaxes(split(dense("value")(inputs_kv)), 1, 2)
             cached_key = self.variable("cache", "cached_key", lambda: key)
             cached_value = self.variable("cache", "cached_value", lambda: value)
             cached_key.value, cached_value.value = key, value
@@ -206,7 +227,9 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _update_self_cache(self, key, value, mask):
-        """Write this chunk's keys/values at cache_index; return the whole cache and its mask."""
+        """Write this chunk's keys/values (batch, chunk, heads, head_dim) at cache_index; return
+        the whole cache (batch, heads, max_len, head_dim) and its mask."""
+        key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # heads first
         initialized = self.has_variable("cache", "cached_key")
         cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
@@ -214,11 +237,11 @@ class MultiHeadAttention(nn.Module):
         if not initialized:
             # The creating call sizes the cache to its inputs and attends as usual.
             return key, value, mask
-        chunk = key.shape[1]
-        max_len = cached_key.value.shape[1]
+        chunk = key.shape[2]
+        max_len = cached_key.value.shape[2]
         index = cache_index.value
         zero = jnp.zeros((), index.dtype)  # same index dtype as cache_index, also in x64 mode
-        start = (zero, index, zero, zero)
+        start = (zero, zero, index, zero)
         cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, start)
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
         cache_index.value = index + chunk
@@ -228,3 +251,25 @@ class MultiHeadAttention(nn.Module):
         visible = key_pos <= query_pos if self.causal_cache else key_pos < index + chunk
         cache_mask = visible[None, None]  # (1, 1, chunk, max_len)
         return cached_key.value, cached_value.value, combine_masks(cache_mask, mask)
+
+
+def _group_rows(query, key, mask):
+    """Queries (b * G, q, heads, hd) against keys of b rows: each row's G query rows become
+    G * q query positions of that row, (b, G * q, heads, hd); the mask (b * G | b | 1, 1,
+    q | 1, k) follows. Returns (query, mask, G)."""
+    rows, q_len = query.shape[:2]
+    key_rows = key.shape[0]
+    if key_rows == 0 or rows % key_rows:
+        raise ValueError(
+            f"attention: {rows} query rows cannot share the keys of {key_rows} rows (the "
+            "query rows must be a multiple: G rows per key row)"
+        )
+    group = rows // key_rows
+    query = query.reshape((key_rows, group * q_len) + query.shape[2:])
+    if mask is not None and mask.shape[0] == rows:  # one mask per query row
+        mask = jnp.broadcast_to(mask, (rows, mask.shape[1], q_len, mask.shape[3]))
+        mask = mask.reshape((key_rows, group) + mask.shape[1:])  # (b, G, 1|h, q, k)
+        mask = jnp.swapaxes(mask, 1, 2).reshape(
+            (key_rows, mask.shape[2], group * q_len, mask.shape[-1])
+        )
+    return query, mask, group
