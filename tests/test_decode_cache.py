@@ -174,3 +174,54 @@ def test_init_cache_shapes_and_bad_sizes():
         init_cache(model, 2, 10)
     with pytest.raises(ValueError, match="max_len"):
         init_cache(model, 2, config.max_len + 1, src_len=7)
+
+
+TIED = "pre-LN, final norm, learned positions, tied shared embeddings, scaled, gelu"
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
+def test_one_row_tied_output_equals_full_recompute(kind):
+    """One row fed one token per call takes the tied output projection's matrix-vector path
+    (model._tied_logits_one_row); its logits are the full forward pass's."""
+    model, params, src, tgt = build(kind, make_config(**CONFIGS[TIED]), seed=3)
+    src = None if src is None else src[1:2]  # the ragged row
+    actual, expected = cached_and_full(model, params, src, tgt[1:2], chunks=(1,), cache_len=12)
+    assert_close(actual, expected, atol=1e-5, what=f"{kind} one-row cached vs full logits")
+
+
+def _step_with_weights(model, params, cache, src_mask, tokens):
+    """One cached decoding step: logits (R, 1, V) and the sown attention weights."""
+    logits, state = model.apply(
+        {**params, "cache": cache}, None, tokens, src_mask=src_mask, decode=True,
+        method="decode", mutable=["cache", "intermediates"],
+    )  # fmt: skip
+    return logits, state["intermediates"]
+
+
+@pytest.mark.parametrize("per_row_mask", [False, True])
+def test_beams_share_the_cross_attention_cache(per_row_mask):
+    """Beam search keeps one cross-attention cache row per source and G query rows per source
+    row (CachedState.for_beams): logits and sown attention weights equal those of a cache
+    tiled G times, with the source mask given per source row or per query row."""
+    from flax_transformer.decoding.cache import CachedState
+
+    beams = 4
+    model, params, src, tgt = build("seq2seq", make_config(), seed=4)
+    src_mask = (src != PAD)[:, None, None, :]
+    encoded = model.apply(params, src, src_mask=src_mask, method="encode")
+    cache = init_cache(model, src.shape[0], 12, src_len=src.shape[1])
+    _, cache = _feed(model, params, src_mask, cache, encoded, tgt[:, :3])  # prefill 3 tokens
+    shared = CachedState(cache, src_mask).for_beams(beams).cache
+    cross = shared["decoder"]["layers_0"]["cross_attn"]["cached_key"]
+    assert cross.shape[0] == src.shape[0]  # not tiled
+    tiled = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
+    tiled_mask = jnp.repeat(src_mask, beams, axis=0)
+    tokens = np.random.default_rng(5).integers(1, 47, (src.shape[0] * beams, 1))
+    actual = _step_with_weights(
+        model, params, shared, tiled_mask if per_row_mask else src_mask, tokens
+    )
+    expected = _step_with_weights(model, params, tiled, tiled_mask, tokens)
+    assert_close(actual[0], expected[0], atol=1e-6, what="logits, shared vs tiled cross cache")
+    for got, want in zip(jax.tree.leaves(actual[1]), jax.tree.leaves(expected[1]), strict=True):
+        assert got.shape == want.shape
+        assert_close(got, want, atol=1e-6, what="attention weights, shared vs tiled")

@@ -97,14 +97,6 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if expand > 1:  # sampling several sequences per input: transformers repeats the rows
         ids = np.repeat(ids, expand, axis=0)
         mask = None if mask is None else np.repeat(mask, expand, axis=0)
-    # One row through the loop makes XLA:CPU rewrite the tied output projection as a
-    # vector-matrix product that transposes the whole (vocab, d_model) embedding on every
-    # step (119 MB at opus-mt size); with two rows it reads the table as it is. So a single
-    # greedy / sampled row is decoded twice (the copy is dropped; rows are independent).
-    single = opts.num_beams == 1 and ids.shape[0] == 1
-    if single:
-        ids = np.repeat(ids, 2, axis=0)
-        mask = None if mask is None else np.repeat(mask, 2, axis=0)
     if is_seq2seq:
         rows, source = _seq2seq_rows(ids, mask, opts, config.max_len)
     else:
@@ -131,8 +123,6 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if opts.num_beams > 1:
         nrs = opts.num_return_sequences
         seq, lengths = seq[:, :nrs].reshape(-1, seq.shape[-1]), lengths[:, :nrs].reshape(-1)
-    if single:
-        seq, lengths = seq[:1], lengths[:1]
     return seq[:, : opts.prompt_len + int(lengths.max())].astype(np.int64)
 
 

@@ -162,12 +162,23 @@ class _EmbeddingsMixin:
         if cfg.final_logits_bias:
             self.logits_bias = LogitsBias(cfg)
 
-    def _output_logits(self, embed: nn.Embed, x):
-        if self.config.tie_output:
+    def _output_logits(self, embed: nn.Embed, x, decode: bool = False):
+        if self.config.tie_output and decode and x.shape[0] * x.shape[1] == 1:
+            logits = _tied_logits_one_row(embed, x)
+        elif self.config.tie_output:
             logits = embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
         else:
             logits = self.lm_head(x)
         return self.logits_bias(logits) if self.config.final_logits_bias else logits
+
+
+def _tied_logits_one_row(embed: nn.Embed, x):
+    """embed.attend(x) for one row, x (1, 1, d_model) -> (1, 1, vocab), computed as embedding @
+    x: a matrix-vector product over the table as it is stored. Written as x @ embedding.T,
+    XLA:CPU makes it a vector-matrix product that transposes the whole table (119 MB at
+    opus-mt size) on every decoding step. (Several rows go through attend: as fast here.)"""
+    query, table = nn.dtypes.promote_dtype(x, embed.embedding, dtype=embed.dtype)
+    return (table @ query.reshape(-1)).reshape(query.shape[:-1] + (table.shape[0],))
 
 
 def _embed_module(cfg: TransformerConfig, vocab: int) -> nn.Embed:
@@ -300,7 +311,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         offset = self.decode_position(tgt_len, decode)
         x = self._embed(self.tgt_embed_table, tgt, offset, deterministic, "tgt_embedded")
         x = self.decoder(x, encoded, tgt_mask, src_mask, deterministic=deterministic, decode=decode)
-        return self._output_logits(self.tgt_embed_table, x)
+        return self._output_logits(self.tgt_embed_table, x, decode)
 
 
 class TransformerLM(_EmbeddingsMixin, nn.Module):
@@ -350,4 +361,4 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         offset = self.decode_position(length, decode)
         x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded", positions)
         x = self.decoder(x, mask, deterministic=deterministic, decode=decode)
-        return self._output_logits(self.tgt_embed, x)
+        return self._output_logits(self.tgt_embed, x, decode)
