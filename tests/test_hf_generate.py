@@ -254,8 +254,8 @@ def test_sampling(models):
 
 @pytest.mark.slow
 def test_single_row_greedy(models):
-    """One input row (decoded as two copies inside, see generation.py) gives transformers'
-    tokens, and the same tokens as inside a batch."""
+    """One input row (its tied output projection takes the matrix-vector path, nn/model.py)
+    gives transformers' tokens, and the same tokens as inside a batch."""
     torch_model, flax_model = models["marian"]
     ids, mask = batch_for("marian", flax_model, seed=4)
     with jax.enable_x64(True):
