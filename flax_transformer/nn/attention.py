@@ -174,7 +174,7 @@ class MultiHeadAttention(nn.Module):
             if decode:
                 key, value, mask = self._update_self_cache(key, value, mask)
         group = 1  # query rows per key row (beams sharing one cached source)
-        if key.shape[0] != batch:
+        if decode and is_cross and key.shape[0] != batch:
             query, mask, group = _group_rows(query, key, mask)
 
         dropout_rng = None
