@@ -31,18 +31,18 @@ pytestmark = [
 ]
 
 
+def small_nn_transformer(batch_first: bool) -> torch.nn.Transformer:
+    """torch.nn.Transformer, d_model 8, 2 heads, 2+2 layers, no dropout, in eval mode."""
+    return torch.nn.Transformer(
+        d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=16,
+        dropout=0.0, batch_first=batch_first,
+    ).eval()  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    torch_model = torch.nn.Transformer(
-        d_model=8,
-        nhead=2,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=16,
-        dropout=0.0,
-        batch_first=True,
-    ).eval()
+    torch_model = small_nn_transformer(batch_first=True)
     module, params = from_torch(torch_model)
     rng = np.random.default_rng(0)
     src, tgt = rng.normal(size=(2, SRC_LEN, 8)), rng.normal(size=(2, TGT_LEN, 8))
@@ -137,14 +137,7 @@ def test_sequence_first_torch_against_batch_first_flax(setup):
     """torch.nn's default layout (L, N, E) against a batch-first port: declared with one
     transform for every torch tensor."""
     torch_model, module, params, (src, tgt), masks, torch_masks, valid = setup
-    sequence_first = torch.nn.Transformer(
-        d_model=8,
-        nhead=2,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=16,
-        dropout=0.0,
-    ).eval()
+    sequence_first = small_nn_transformer(batch_first=False)
     sequence_first.load_state_dict(torch_model.state_dict())
     torch_args = tuple(np.swapaxes(x, 0, 1) for x in (src, tgt))  # (L, N, E)
     common = dict(torch_kwargs=torch_masks, flax_kwargs=masks, mapping=NN_MAPPING, mask=valid)

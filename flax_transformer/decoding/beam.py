@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flax_transformer.decoding.cache import Stepper
+from flax_transformer.decoding.cache import Stepper, gather_beams
 from flax_transformer.decoding.inputs import Prompts
 from flax_transformer.decoding.strategies import Beam
 
@@ -49,10 +49,6 @@ class BeamLoop:
     done: jax.Array  # (B,) the example's result can no longer change
 
 
-def _gather(x, index):  # x (B, K', ...), index (B, K) -> (B, K, ...)
-    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
 def beam_search(
     stepper: Stepper,
     prompts: Prompts,
@@ -82,7 +78,7 @@ def beam_search(
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         new_index = pos - prompts.lengths  # (B,)
         writes = jnp.arange(n_new)[None, None, :] == new_index[:, None, None]
-        top_seqs = jnp.where(writes, token[:, :, None], _gather(hyps.live_seqs, parent))
+        top_seqs = jnp.where(writes, token[:, :, None], gather_beams(hyps.live_seqs, parent))
         is_eos = (token == eos_id) & ~forced[:, None]  # (B, 2K)
         active = (new_index >= 0) & (new_index < n_new)  # (B,) not forced, not past the end
 
@@ -93,15 +89,15 @@ def beam_search(
         pool_seqs = jnp.concatenate([hyps.fin_seqs, top_seqs], axis=1)  # (B, 3K, N)
         pool_flags = jnp.concatenate([hyps.fin_flags, accept], axis=1)
         fin_scores, keep = jax.lax.top_k(pool_scores, beams)
-        fin_seqs, fin_flags = _gather(pool_seqs, keep), _gather(pool_flags, keep)
+        fin_seqs, fin_flags = gather_beams(pool_seqs, keep), gather_beams(pool_flags, keep)
 
         # Live beams: the K best continuations that did not end.
         live_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_logp), beams)
-        hyps = Hypotheses(_gather(top_seqs, keep), live_logp, fin_seqs, fin_scores, fin_flags)
+        hyps = Hypotheses(gather_beams(top_seqs, keep), live_logp, fin_seqs, fin_scores, fin_flags)
         done = (new_index >= n_new - 1) | jnp.all(
             fin_flags & (fin_scores > live_logp[:, :1] / best_possible_penalty), axis=1
         )
-        return hyps, _gather(token, keep), _gather(parent, keep), done
+        return hyps, gather_beams(token, keep), gather_beams(parent, keep), done
 
     def freeze(old, new, active):  # examples past their last token keep their results
         return jax.tree.map(
@@ -140,4 +136,4 @@ def beam_search(
     live_scores = hyps.live_logp / best_possible_penalty
     live_scores = jnp.where(jnp.all(hyps.fin_flags, axis=1, keepdims=True), NEG_INF, live_scores)
     scores, keep = jax.lax.top_k(jnp.concatenate([hyps.fin_scores, live_scores], axis=1), beams)
-    return _gather(jnp.concatenate([hyps.fin_seqs, hyps.live_seqs], axis=1), keep), scores
+    return gather_beams(jnp.concatenate([hyps.fin_seqs, hyps.live_seqs], axis=1), keep), scores

@@ -105,12 +105,16 @@ def _map_per_beam(fn, cache: dict) -> dict:
     return jax.tree_util.tree_map_with_path(leaf, cache)
 
 
+def gather_beams(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x (B, K', ...), index (B, K) -> (B, K, ...): for each row, its entries `index` picks."""
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
 def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
     """x (B*K, ...) -> the rows of the parents beam_index (B, K) picks within each row."""
     batch, beams = beam_index.shape
     x = x.reshape((batch, beams) + x.shape[1:])
-    index = beam_index.reshape(beam_index.shape + (1,) * (x.ndim - 2))
-    return jnp.take_along_axis(x, index, axis=1).reshape((batch * beams,) + x.shape[2:])
+    return gather_beams(x, beam_index).reshape((batch * beams,) + x.shape[2:])
 
 
 def make_stepper(model, variables, source: Source | None, cache_len: int, use_cache: bool):

@@ -35,6 +35,7 @@ from flax_transformer.hf.generation_beam import beam_search
 from flax_transformer.hf.generation_greedy import Rows, greedy_search
 from flax_transformer.hf.generation_options import Options, resolve
 from flax_transformer.hf.generation_processors import plan_and_knobs
+from flax_transformer.nn.token_ids import check_token_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +82,7 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
             "they must match"
         )
     vocab = config.tgt_vocab_size
-    if ids.min(initial=0) < 0 or ids.max(initial=0) >= config.src_vocab_size:
-        raise ValueError(
-            f"generate: input_ids hold ids outside the vocabulary (size {config.src_vocab_size})"
-        )
+    check_token_ids("generate: input_ids", ids, config.src_vocab_size)
     opts = resolve(
         kwargs=kwargs,
         generation_config=hf_model.generation_config or {},

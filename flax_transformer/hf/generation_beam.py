@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from flax_transformer.decoding.cache import gather_beams
 from flax_transformer.hf.generation_greedy import Rows, write_column
 from flax_transformer.hf.generation_processors import Knobs, ProcessorPlan, process
 
@@ -59,10 +60,6 @@ class BeamLoop:
     fin_len: jax.Array  # (B, K) int32, new tokens of the hypothesis
     can_improve: jax.Array  # (B,) the early-stop heuristic still says "may improve"
     done: jax.Array  # (B,) the pool can no longer change
-
-
-def gather_beams(x, index):  # x (B, K', ...), index (B, K) -> (B, K, ...)
-    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
 def beam_search(
