@@ -49,7 +49,8 @@ class UsageError(ValueError):
 def add_option_flags(group, options_class, names, **overrides) -> None:
     """One flag per named field of an options class (training/options.py): its default, help
     and choices come from the field; `overrides` maps a name to argparse keywords to change."""
-    from flax_transformer.spec.validate import Float, Int, flag_type
+    from flax_transformer.cli.flags import flag_type
+    from flax_transformer.spec.validate import Float, Int
     from flax_transformer.training.options import argparse_keywords, option_fields, rule_of
 
     fields = option_fields(options_class)
@@ -100,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--config", help="TransformerConfig JSON file (vocab sizes come from the tokenizer)"
     )
+    from flax_transformer.cli.flags import flag_type
     from flax_transformer.spec.config import FIELD_RULES
-    from flax_transformer.spec.validate import flag_type
 
     for dest, (fields, text) in MODEL_FLAGS.items():
         default, flag = MODEL_DEFAULTS[fields[0]], "--" + dest.replace("_", "-")
@@ -190,7 +191,7 @@ def _flag_values(parser, path, flag) -> dict:
         data = data["args"]  # a run.json: its flags
     if not isinstance(data, dict):
         raise UsageError(f"{flag}: {path} must hold a JSON object of flag values")
-    from flax_transformer.spec.validate import run_config_problems
+    from flax_transformer.cli.flags import run_config_problems
 
     known = {a.dest for a in parser._actions}
     unknown = sorted(set(data) - known)
@@ -489,7 +490,7 @@ def join_processes(options, args) -> None:
 
 
 def run(args, data, options, hooks, started: float) -> int:
-    from flax_transformer.spec.atomic_io import atomic_write_text
+    from flax_transformer.files.atomic_io import atomic_write_text
     from flax_transformer.spec.kinds import LM
     from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.distributed import barrier, is_primary
@@ -504,6 +505,7 @@ def run(args, data, options, hooks, started: float) -> int:
     init_run = (read_run_json(Path(args.init_from) / "run.json") or {}) if args.init_from else {}
     if args.init_from and not args.resume:
         init_kind = init_run.get("model")
+        init_kind = {"transformer": "seq2seq"}.get(init_kind, init_kind)  # the kind's old name
         if init_kind not in (None, kind):
             raise UsageError(
                 f"--init-from {args.init_from} holds a {init_kind} model; the data "

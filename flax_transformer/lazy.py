@@ -25,3 +25,24 @@ def lazy_exports(package: str, exports: Mapping[str, str]):
         return sorted(set(exports) | set(importlib.import_module(package).__dict__))
 
     return __getattr__, __dir__
+
+
+def moved_module(old: str, new: str):
+    """A module `__getattr__` for a module that moved: every name still resolves (from the new
+    home) and warns once per use with a DeprecationWarning naming the new home. Old paths are kept
+    this way for one release."""
+
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        import warnings
+
+        warnings.warn(
+            f"{old} moved to {new}: import {name} from {new} (the old path goes in the next "
+            "release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__

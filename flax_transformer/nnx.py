@@ -105,7 +105,7 @@ def model_for_nnx(
     rngs: nnx.Rngs,
     params: Mapping[str, Any] | None = None,
 ) -> _Bridged:
-    """The NNX model of `kind` ("transformer" or "lm"); `params` (a linen tree) replace the
+    """The NNX model of `kind` ("seq2seq" or "lm"); `params` (a linen tree) replace the
     random init."""
     return CLASSES[check_kind(kind)](config, rngs=rngs, params=params)
 

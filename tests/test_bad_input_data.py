@@ -12,6 +12,7 @@ import pytest
 import train
 from flax_transformer import Transformer, TransformerLM, preset
 from flax_transformer.decoding import Greedy, generate
+from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.interop import convert
 from flax_transformer.interop.convert import (
     ConversionError,
@@ -24,7 +25,6 @@ from flax_transformer.interop.convert import (
 )
 from flax_transformer.nn.kinds import abstract_variables
 from flax_transformer.parity.cli import main as parity_main
-from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.training.data import (
     DataError,
     check_dataset_ids,

@@ -19,8 +19,8 @@ import pytest
 
 import train
 from flax_transformer.decoding.cli import main as generate_main
+from flax_transformer.files.atomic_io import atomic_path
 from flax_transformer.nn.kinds import model_for
-from flax_transformer.spec.atomic_io import atomic_path
 from flax_transformer.training.checkpoint import (
     Checkpointer,
     CheckpointReadError,

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from flax_transformer import hf
-from flax_transformer.interop.hf_config import UnsupportedConfigError
+from flax_transformer.hf.config import UnsupportedConfigError
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.spec.tree_check import ConversionError
 

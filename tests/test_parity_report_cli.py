@@ -81,7 +81,7 @@ def test_loose_tolerance_and_json_on_stdout(files, capsys):
     code, out, _ = run(argv + ["--dtype", "float32"], capsys)
     assert code == 0
     report = json.loads(out)
-    assert report["ok"] is True and report["tol"] == 0.5 and report["model"] == "transformer"
+    assert report["ok"] is True and report["tol"] == 0.5 and report["model"] == "seq2seq"
     assert report["dtype"] == "float32"
     assert report["inputs"] == {"src": [3, 7], "tgt_in": [3, 6]}
 

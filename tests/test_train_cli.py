@@ -100,7 +100,7 @@ def test_run_leaves_results_pictures_checkpoints(straight):
     assert steps_of(records, "train") == [2, 4, 6, 8, 10]
     assert steps_of(records, "eval") == [8, 10]
     run = json.loads((straight / "run.json").read_text())
-    assert run["model"] == "transformer" and run["tokenizer"] == "byte"
+    assert run["model"] == "seq2seq" and run["tokenizer"] == "byte"
 
 
 def test_exported_torch_weights_give_the_same_logits(straight):
@@ -113,7 +113,7 @@ def test_exported_torch_weights_give_the_same_logits(straight):
     from flax_transformer.spec.numerics import assert_close
 
     state, config, kind = load_torch_state(straight / "torch_model.safetensors")
-    assert kind == "transformer"
+    assert kind == "seq2seq"
     torch_model = torch_reference.load_numpy_state(torch_reference.Transformer(config), state)
     run = load_run(straight)
     assert run.config == config

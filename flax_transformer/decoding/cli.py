@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from flax_transformer.cli.flags import flag_type
+from flax_transformer.files.text_lines import LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM
-from flax_transformer.spec.text_lines import LineDecodeError, decode_line, split_lines
-from flax_transformer.spec.validate import SEED, Float, Int, flag_type
+from flax_transformer.spec.validate import SEED, Float, Int
 
 BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import atomic_write_text
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"

@@ -26,9 +26,9 @@ from flax_transformer.decoding.inputs import Prompts, Source
 from flax_transformer.decoding.strategies import Greedy
 from flax_transformer.export.int8 import int8_model, quantize_variables
 from flax_transformer.export.output import ExportError, tensor_spec, write_manifest
+from flax_transformer.files.atomic_io import atomic_write_bytes
 from flax_transformer.nn.attention import make_padding_mask
 from flax_transformer.nn.kinds import is_lm
-from flax_transformer.spec.atomic_io import atomic_write_bytes
 from flax_transformer.spec.kinds import LM
 
 FORWARD, GREEDY = "forward.stablehlo", "greedy.stablehlo"

@@ -19,7 +19,8 @@ imported on first use.
 
 CLI: `python -m flax_transformer.hf import HF_DIR RUN_DIR` (a train.py run directory that
 `generate` decodes with and `train.py --init-from` fine-tunes) and `... export RUN_DIR HF_DIR`.
-The weight and config mapping lives in interop/hf_*.py; docs/hf.md has the details.
+The weight and config mapping lives in hf/config.py, hf/weights.py and hf/checkpoint.py;
+docs/hf.md has the details.
 """
 
 from flax_transformer.lazy import lazy_exports
@@ -28,7 +29,7 @@ _EXPORTS = {
     "HFModel": "flax_transformer.hf.model",
     "load": "flax_transformer.hf.model",
     "save": "flax_transformer.hf.model",
-    "UnsupportedConfigError": "flax_transformer.interop.hf_config",
+    "UnsupportedConfigError": "flax_transformer.hf.config",
     "ConversionError": "flax_transformer.spec.tree_check",
 }
 __all__ = sorted(_EXPORTS)

@@ -12,19 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.interop.hf_checkpoint import (
+from flax_transformer.hf.checkpoint import (
     has_tokenizer,
     read_hf_dir,
     write_hf_dir,
 )
-from flax_transformer.interop.hf_config import SEQ2SEQ_TYPES, hf_to_config, model_kind
-from flax_transformer.interop.hf_weights import hf_state_to_params, params_to_hf_state
+from flax_transformer.hf.config import SEQ2SEQ_TYPES, hf_to_config, model_kind
+from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import DTYPES, TransformerConfig
-from flax_transformer.spec.kinds import LM
-
-KINDS = {LM: "lm"}  # the project's model kind -> HFModel.kind ("seq2seq" | "lm")
 
 
 @dataclasses.dataclass(eq=False)
@@ -41,7 +38,7 @@ class HFModel:
 
     @property
     def kind(self) -> str:
-        return "lm" if model_kind(self.hf_config) == LM else "seq2seq"
+        return model_kind(self.hf_config)  # the project's kind names: "seq2seq" | "lm"
 
     @property
     def model_type(self) -> str:

@@ -1,7 +1,7 @@
 """A Hugging Face directory as a train.py run directory and back.
 
 import: config.json (the TransformerConfig), tokenizer.json + hf_tokenizer/ (transformers'
-tokenizer, training/hf_tokenizer.py), run.json, checkpoints/0 (the weights; no optimizer state:
+tokenizer, hf/tokenizer.py), run.json, checkpoints/0 (the weights; no optimizer state:
 fine-tune with `train.py --init-from`, there is nothing to --resume), and the Hugging Face
 config and generation config (hf_config.json, hf_generation_config.json), which run.json lists
 under "carry" so that a run started with --init-from keeps them for the export.
@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.hf.checkpoint import read_json
+from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
-from flax_transformer.interop.hf_checkpoint import read_json
-from flax_transformer.interop.hf_config import hf_to_config
-from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.hf.tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.spec.config import config_diff
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.checkpoint import Checkpointer
-from flax_transformer.training.hf_tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.training.run import load_run
 from flax_transformer.training.state import TrainState
 

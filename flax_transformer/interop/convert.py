@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from flax_transformer.spec.atomic_io import OutputPathError, atomic_path, check_output_path
+from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
 from flax_transformer.spec.config import TransformerConfig, config_diff
-from flax_transformer.spec.kinds import MODEL_KINDS, SEQ2SEQ, infer_model_kind
+from flax_transformer.spec.kinds import MODEL_KINDS, OLD_NAMES, SEQ2SEQ, infer_model_kind
 from flax_transformer.spec.naming import (
     LEAF_TO_TORCH,
     convert_layout,
@@ -211,6 +211,8 @@ def load_weights(
     if config is None:
         raise ConversionError(f"{path}: the file carries no config; pass one (--config)")
     model = model or metadata.get("model") or infer_model_kind(k.replace("/", ".") for k in tensors)
+    if model in OLD_NAMES:  # a file written before the kind was renamed
+        model = OLD_NAMES[model]
     return fmt, tensors, config, model
 
 

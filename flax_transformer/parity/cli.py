@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flax_transformer.cli.flags import flag_type
+from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.interop.convert import (
     MODEL_KINDS,
     ConversionError,
@@ -31,9 +33,8 @@ from flax_transformer.parity.inputs import (
     make_batch,
 )
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport
-from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import TransformerConfig, config_diff
-from flax_transformer.spec.validate import SEED, Float, Int, flag_type
+from flax_transformer.spec.validate import SEED, Float, Int
 
 WORKDIR_WEIGHTS = ("flax_params.safetensors", "torch_model.safetensors")
 

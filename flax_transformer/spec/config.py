@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.

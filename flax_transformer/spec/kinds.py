@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-SEQ2SEQ, LM = "transformer", "lm"
+SEQ2SEQ, LM = "seq2seq", "lm"
 MODEL_KINDS = (SEQ2SEQ, LM)
+# The encoder-decoder kind was called "transformer" before 0.2; files and run.json written then
+# still say so, and code may still pass it: read as "seq2seq".
+OLD_NAMES = {"transformer": SEQ2SEQ}
 
 
 def check_kind(kind: str) -> str:
+    """`kind` as one of MODEL_KINDS (an old name is translated), or a ValueError naming them."""
+    kind = OLD_NAMES.get(kind, kind)
     if kind not in MODEL_KINDS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
     return kind

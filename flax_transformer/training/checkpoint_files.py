@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import atomic_write_text
 
 FILE_LIST = "files.json"  # inside each finished step directory: {relative path: size in bytes}
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flax_transformer.files.text_lines import BOM, LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.spec.text_lines import BOM, LineDecodeError, decode_line, split_lines
 
 TASKS = ("copy", "reverse", "sort")
 LONG_POLICIES = ("skip", "truncate", "error")

@@ -26,9 +26,9 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
-from flax_transformer.spec.atomic_io import atomic_write_text
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointWriteError

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from flax_transformer.spec.atomic_io import atomic_path  # noqa: E402
+from flax_transformer.files.atomic_io import atomic_path  # noqa: E402
 
 
 def plot_curves(records: list[dict], path: str | Path) -> Path:

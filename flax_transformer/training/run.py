@@ -11,10 +11,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from flax_transformer.files.atomic_io import atomic_write_bytes
 from flax_transformer.nn.kinds import abstract_variables, model_for
-from flax_transformer.spec.atomic_io import atomic_write_bytes
 from flax_transformer.spec.config import TransformerConfig, config_diff
-from flax_transformer.spec.kinds import SEQ2SEQ
+from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.spec.tree_check import ConversionError, check_tree
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
@@ -52,6 +52,7 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     except (OSError, ValueError) as err:
         raise ValueError(f"{workdir / 'run.json'}: not readable JSON ({err})") from None
     kind = run.get("model", SEQ2SEQ) if isinstance(run, dict) else SEQ2SEQ
+    kind = OLD_NAMES.get(kind, kind)  # a run written before the kind was renamed
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]

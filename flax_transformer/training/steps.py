@@ -3,7 +3,7 @@
 Everything here is a pure function of its inputs, so the steps can be jitted, donated,
 benchmarked and sharded by other code:
 
-    model = model_for(config, "transformer")
+    model = model_for(config, "seq2seq")
     optimizer = make_optimizer(make_schedule("inverse_sqrt", 1e-3, 400, steps), ...)
     state = create_train_state(model, optimizer, seed=0)
     step = jax.jit(make_train_step(model, optimizer, label_smoothing=0.1), donate_argnums=0)

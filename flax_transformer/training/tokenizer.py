@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from flax_transformer.spec.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import atomic_write_text
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2 in both tokenizers
@@ -121,7 +121,7 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
     if isinstance(data, dict) and data.get("type") == BYTE_TOKENIZER_TYPE:
         return ByteTokenizer()
     if isinstance(data, dict) and data.get("type") == "hf_pretrained":  # an imported model's
-        from flax_transformer.training.hf_tokenizer import HFTokenizer
+        from flax_transformer.hf.tokenizer import HFTokenizer
 
         return HFTokenizer.load(path, data)
     if isinstance(data, dict) and "model" in data:

@@ -1,0 +1,73 @@
+"""A transformers tokenizer (e.g. an imported Marian model's) behind this project's tokenizer
+interface (pad_id, bos_id, eos_id, vocab_size, encode, decode, token_strings, save), so that
+train.py, the generate CLI and evaluation use it like the byte and BPE tokenizers.
+
+Saved as a small tokenizer.json description pointing at the transformers files, which sit in
+`hf_tokenizer/` beside it. `bos_id` is the decoder's first token (transformers'
+decoder_start_token_id for a seq2seq model; Marian: its pad id) or an LM's begin-of-text token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from flax_transformer.files.atomic_io import atomic_write_text
+
+HF_TOKENIZER_TYPE = "hf_pretrained"
+HF_TOKENIZER_DIR = "hf_tokenizer"
+
+
+class HFTokenizer:
+    kind = "hf"
+
+    def __init__(self, tokenizer, *, pad_id: int, bos_id: int, eos_id: int, vocab_size: int):
+        self._tok = tokenizer
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.vocab_size = vocab_size  # the model's (a tokenizer may know fewer ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids without special tokens (the callers add bos / eos where they belong)."""
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        return [str(t) for t in self._tok.convert_ids_to_tokens([int(i) for i in ids])]
+
+    def save(self, path: str | Path) -> None:
+        """tokenizer.json (this description) at `path`, the transformers files beside it."""
+        path = Path(path)
+        self._tok.save_pretrained(str(path.parent / HF_TOKENIZER_DIR))
+        description = {
+            "type": HF_TOKENIZER_TYPE,
+            "directory": HF_TOKENIZER_DIR,
+            "pad_id": self.pad_id,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "vocab_size": self.vocab_size,
+        }
+        atomic_write_text(path, json.dumps(description, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, description: dict) -> HFTokenizer:
+        directory = Path(path).parent / description.get("directory", HF_TOKENIZER_DIR)
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ValueError(
+                f"{path}: this run's tokenizer is a transformers tokenizer; install transformers"
+            ) from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"{directory}: cannot load the transformers tokenizer ({err})"
+            ) from None
+        ids = {name: description.get(name) for name in ("pad_id", "bos_id", "eos_id", "vocab_size")}
+        missing = [name for name, value in ids.items() if not isinstance(value, int)]
+        if missing:
+            raise ValueError(f"{path}: missing or non-integer {', '.join(missing)}")
+        return cls(tokenizer, **ids)

@@ -1,0 +1,9 @@
+"""`flax_transformer.numerics` (before 0.2) moved to `flax_transformer.spec.numerics`.
+
+This path still works for one release: each name resolves from the new home with a
+DeprecationWarning.
+"""
+
+from flax_transformer.lazy import moved_module
+
+__getattr__ = moved_module(__name__, "flax_transformer.spec.numerics")

@@ -1,0 +1,55 @@
+"""Paths documented in an earlier release keep working for one release: each name resolves to
+the very object at its new home, with a DeprecationWarning that names the new home."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+
+MOVED = [
+    # (old module, a name it offered, the new home)
+    ("flax_transformer.spec.atomic_io", "atomic_write_text", "flax_transformer.files.atomic_io"),
+    ("flax_transformer.spec.text_lines", "decode_line", "flax_transformer.files.text_lines"),
+    ("flax_transformer.interop.hf_config", "hf_to_config", "flax_transformer.hf.config"),
+    ("flax_transformer.interop.hf_weights", "hf_state_to_params", "flax_transformer.hf.weights"),
+    ("flax_transformer.interop.hf_checkpoint", "read_json", "flax_transformer.hf.checkpoint"),
+    ("flax_transformer.training.hf_tokenizer", "HFTokenizer", "flax_transformer.hf.tokenizer"),
+    # paths of the release before the subpackage layout
+    ("flax_transformer.convert", "torch_state_to_flax", "flax_transformer.interop.convert"),
+    ("flax_transformer.convert", "save_torch_state", "flax_transformer.interop.convert"),
+    ("flax_transformer.numerics", "assert_close", "flax_transformer.spec.numerics"),
+    ("flax_transformer.decode", "greedy_decode", "flax_transformer.decoding"),
+    ("flax_transformer.decode", "beam_search", "flax_transformer.decoding"),
+    ("flax_transformer.sharding", "make_mesh", "flax_transformer.training.sharding"),
+]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
+def test_old_path_resolves_with_a_deprecation_warning(old, name, new):
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")) as caught:
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), name)
+    assert any(name in str(w.message) for w in caught)
+
+
+def test_from_import_of_an_old_path_warns():
+    with pytest.warns(DeprecationWarning, match=r"flax_transformer\.spec\.numerics"):
+        from flax_transformer.numerics import error_stats  # noqa: F401
+
+
+def test_an_unknown_name_on_an_old_path_is_an_attribute_error():
+    module = importlib.import_module("flax_transformer.numerics")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(AttributeError, match="nope"):
+            module.nope  # noqa: B018
+
+
+def test_the_kind_has_one_name_and_old_files_still_read():
+    from flax_transformer.spec.kinds import MODEL_KINDS, check_kind
+
+    assert MODEL_KINDS == ("seq2seq", "lm")
+    assert check_kind("transformer") == "seq2seq"  # what runs and files before 0.2 recorded
