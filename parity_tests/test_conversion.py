@@ -27,9 +27,9 @@ from .helpers import small_config
 CFG = small_config("float32", final_norm=True, positional="learned")
 
 
-def torch_state(cfg=CFG, model="transformer"):
+def torch_state(cfg=CFG, model="seq2seq"):
     torch.manual_seed(0)
-    module = tr.Transformer(cfg) if model == "transformer" else tr.TransformerLM(cfg)
+    module = tr.Transformer(cfg) if model == "seq2seq" else tr.TransformerLM(cfg)
     return tr.state_dict_to_numpy(module)
 
 
@@ -40,7 +40,7 @@ def assert_same_state(a, b):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-@pytest.mark.parametrize("model", ["transformer", "lm"])
+@pytest.mark.parametrize("model", ["seq2seq", "lm"])
 def test_torch_flax_torch_is_bit_exact(model):
     state = torch_state(model=model)
     assert_same_state(flax_to_torch_state(torch_state_to_flax(state, CFG, model)), state)
@@ -72,7 +72,7 @@ def test_files_carry_their_config_and_round_trip(tmp_path):
     state = torch_state()
     save_torch_state(tmp_path / "t.safetensors", state, CFG)
     params, cfg, model = load_flax_params(tmp_path / "t.safetensors")
-    assert (cfg, model) == (CFG, "transformer")
+    assert (cfg, model) == (CFG, "seq2seq")
     back, _, _ = load_torch_state(tmp_path / "t.safetensors")
     assert_same_state(back, state)
 

@@ -97,7 +97,7 @@ def jax_batch(batch):
 
 def test_loss_and_gradients_match_torch_float64():
     config, torch_model, params = twin_models("float64")
-    model = model_for(config, "transformer")
+    model = model_for(config, "seq2seq")
     batch = make_batches(1)[0]
     # Jitted: one compilation instead of hundreds of eager float64 ops.
     grad_fn = jax.jit(
@@ -128,7 +128,7 @@ def test_loss_and_gradients_match_torch_float64():
 
 
 def run_flax(config, params, batches, steps, schedule_kind, clip_norm, lr, weight_decay, eps):
-    model = model_for(config, "transformer")
+    model = model_for(config, "seq2seq")
     schedule = make_schedule(schedule_kind, lr, warmup=5, total_steps=steps)
     optimizer = make_optimizer(schedule, weight_decay=weight_decay, clip_norm=clip_norm, eps=eps)
     state = create_train_state(model, optimizer, seed=0, params=params)  # no dropout: rng unused

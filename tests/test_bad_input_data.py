@@ -233,7 +233,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, var
 
     with pytest.raises(safetensors.SafetensorError):  # safetensors cannot store strings
         convert.save_safetensors(
-            path, {"x": np.array(["text"])}, config=CONFIG, fmt="flax", model="transformer"
+            path, {"x": np.array(["text"])}, config=CONFIG, fmt="flax", model="seq2seq"
         )
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]

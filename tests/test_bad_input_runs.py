@@ -34,7 +34,7 @@ from .test_generate import CONFIG, fabricate_run
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    return fabricate_run(tmp_path_factory.mktemp("bad_runs") / "seq2seq", "transformer")
+    return fabricate_run(tmp_path_factory.mktemp("bad_runs") / "seq2seq", "seq2seq")
 
 
 def run_generate(monkeypatch, capsys, workdir, stdin: bytes, *flags):
@@ -85,7 +85,7 @@ def test_a_tokenizer_beyond_the_models_vocabulary_is_a_bad_line(tmp_path, monkey
 
     small = CONFIG.replace(src_vocab_size=100, tgt_vocab_size=100)
     monkeypatch.setattr(test_generate, "CONFIG", small)
-    workdir = test_generate.fabricate_run(tmp_path / "run", "transformer")
+    workdir = test_generate.fabricate_run(tmp_path / "run", "seq2seq")
     assert config_module.TransformerConfig.load(workdir / "config.json") == small
     code, out, err = run_generate(monkeypatch, capsys, workdir, b"zz\n")
     assert code == 1 and out == [""]
@@ -114,7 +114,7 @@ def test_a_config_that_does_not_match_its_checkpoint(run_dir, tmp_path, capsys, 
 
 # ----------------------------------------------------------------------------- checkpoints
 def tiny_state(step: int):
-    model = model_for(CONFIG, "transformer")
+    model = model_for(CONFIG, "seq2seq")
     from flax_transformer.nn.kinds import abstract_variables
 
     rng = np.random.default_rng(step)
@@ -247,7 +247,7 @@ def test_load_run_with_a_cut_run_json(run_dir, tmp_path):
 def test_a_cut_run_json_without_checkpoints_does_not_block_a_rerun(tmp_path, capsys):
     workdir = tmp_path / "w"
     workdir.mkdir()
-    (workdir / "run.json").write_text('{"model": "transformer", "args": {"st')  # cut short
+    (workdir / "run.json").write_text('{"model": "seq2seq", "args": {"st')  # cut short
     (tmp_path / "bad.tsv").write_text("no tab here\n")
     code = train.main(["--train-tsv", str(tmp_path / "bad.tsv"), "--workdir", str(workdir)])
     err = capsys.readouterr().err

@@ -77,7 +77,7 @@ def test_read_tsv_and_its_errors(tmp_path):
 def test_encode_pairs_follows_the_sequence_conventions():
     pairs = generate_task("reverse", 3, seed=0, min_len=3, max_len=3)
     data = encode_pairs(pairs, TOK, max_len=16)
-    assert data.kind == "transformer"
+    assert data.kind == "seq2seq"
     for i, pair in enumerate(pairs):
         np.testing.assert_array_equal(data.src[i], TOK.encode(pair.source) + [2])
         np.testing.assert_array_equal(data.tgt_in[i], [1] + TOK.encode(pair.target))

@@ -41,7 +41,7 @@ def random_variables(model, rng: np.random.Generator) -> dict:
 def build(kind: str, config: TransformerConfig, batch: int = 3, src_len: int = 9, seed: int = 0):
     """Model, params, ragged source (B, S) (None for the LM) and target tokens (B, 12)."""
     rng = np.random.default_rng(seed)
-    model = model_for(config, "lm" if kind == "lm" else "transformer")
+    model = model_for(config, "lm" if kind == "lm" else "seq2seq")
     params = random_variables(model, rng)
     tgt = rng.integers(1, config.tgt_vocab_size, (batch, 12))
     if kind == "lm":
@@ -161,7 +161,7 @@ def test_cache_works_with_remat():
 
 def test_init_cache_shapes_and_bad_sizes():
     config = make_config()
-    model = model_for(config, "transformer")
+    model = model_for(config, "seq2seq")
     cache = init_cache(model, 2, 10, src_len=7)
     layer = cache["decoder"]["layers_1"]  # every layer has its own cache
     # heads first: (batch, heads, len, head_dim)

@@ -44,7 +44,7 @@ CONFIG = preset("tiny", src_vocab_size=31, tgt_vocab_size=29, max_len=24)
 def converted(kind: str, seed: int = 0, config: TransformerConfig = CONFIG):
     """A torch_reference model and the Flax model + params holding its weights."""
     torch.manual_seed(seed)
-    twin = torch_reference.Transformer if kind == "transformer" else torch_reference.TransformerLM
+    twin = torch_reference.Transformer if kind == "seq2seq" else torch_reference.TransformerLM
     torch_model = twin(config).eval()
     params = torch_state_to_flax(torch_reference.state_dict_to_numpy(torch_model), config, kind)
     model = model_for(config, kind)
@@ -70,7 +70,7 @@ def pick_eos(rows: list[list[int]]) -> int:
 
 @pytest.fixture(scope="module")
 def seq2seq():
-    torch_model, model, params = converted("transformer")
+    torch_model, model, params = converted("seq2seq")
     src = np.random.default_rng(0).integers(3, CONFIG.src_vocab_size, (4, 9))
     src[1, 4:] = PAD  # ragged sources
     src[3, 6:] = PAD
@@ -174,7 +174,7 @@ def test_exhaustive_beam_finds_the_best_scored_sequence():
     """Vocab 6, 3 new tokens: a beam of 36 holds every prefix, so it must return the best of
     all 6 + 6^2 + 6^3 candidate outputs under the length-penalised score."""
     config = CONFIG.replace(tgt_vocab_size=6, max_len=8, num_decoder_layers=1)
-    _, model, params = converted("transformer", seed=3, config=config)
+    _, model, params = converted("seq2seq", seed=3, config=config)
     src = np.array([[5, 9, 4, 7, 0, 0], [12, 3, 3, 8, 30, 2]])
     eos, alpha, steps = 2, 0.6, 3
     tokens, scores = generate(

@@ -15,8 +15,8 @@ from tests.export_runs import CONFIG, fabricate_run
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return {
-        "seq2seq": fabricate_run(root / "seq2seq", "transformer"),
-        "no_checkpoint": fabricate_run(root / "empty", "transformer", checkpoint=False),
+        "seq2seq": fabricate_run(root / "seq2seq", "seq2seq"),
+        "no_checkpoint": fabricate_run(root / "empty", "seq2seq", checkpoint=False),
         "mixed": fabricate_run(root / "mixed", "lm", CONFIG.replace(dtype="bfloat16")),
     }
 

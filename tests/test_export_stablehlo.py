@@ -103,11 +103,11 @@ def check_round_trip(run_dir: Path, tmp: Path, kind: str, int8: bool) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {kind: fabricate_run(root / kind, kind) for kind in ("transformer", "lm")}
+    return {kind: fabricate_run(root / kind, kind) for kind in ("seq2seq", "lm")}
 
 
 def test_seq2seq_round_trip(runs, tmp_path):
-    check_round_trip(runs["transformer"], tmp_path, "transformer", int8=False)
+    check_round_trip(runs["seq2seq"], tmp_path, "seq2seq", int8=False)
 
 
 def test_lm_round_trip(runs, tmp_path):
@@ -115,4 +115,4 @@ def test_lm_round_trip(runs, tmp_path):
 
 
 def test_int8_round_trip(runs, tmp_path):
-    check_round_trip(runs["transformer"], tmp_path, "transformer", int8=True)
+    check_round_trip(runs["seq2seq"], tmp_path, "seq2seq", int8=True)

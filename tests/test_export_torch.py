@@ -30,7 +30,7 @@ SHAPES = [(2, 5), (3, 11)]  # (batch, length): two of each
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {kind: fabricate_run(root / kind, kind) for kind in ("transformer", "lm")}
+    return {kind: fabricate_run(root / kind, kind) for kind in ("seq2seq", "lm")}
 
 
 def relative_error(got, want) -> float:
@@ -48,7 +48,7 @@ def graph_io(path) -> dict[str, list]:
 
 def test_onnx_seq2seq(runs, tmp_path):
     out = tmp_path / "onnx"
-    assert main([str(runs["transformer"]), "--format", "onnx", "--out", str(out)]) == 0
+    assert main([str(runs["seq2seq"]), "--format", "onnx", "--out", str(out)]) == 0
     model = onnx.load(str(out / "model.onnx"))
     assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [OPSET]
     assert graph_io(out / "model.onnx") == {
@@ -58,7 +58,7 @@ def test_onnx_seq2seq(runs, tmp_path):
     assert set(graph_io(out / "encoder.onnx")) == {"src", "encoded"}
     assert set(graph_io(out / "decoder.onnx")) == {"encoded", "src", "tgt_in", "logits"}
     assert json.loads((out / "manifest.json").read_text())["opset"] == OPSET
-    run = load_run(runs["transformer"])
+    run = load_run(runs["seq2seq"])
     forward = forward_function(run.model, run.params)
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     for batch, length in SHAPES:
@@ -95,9 +95,9 @@ def test_onnx_lm(runs, tmp_path):
 
 def test_torch_int8(runs, tmp_path):
     out = tmp_path / "int8"
-    assert main([str(runs["transformer"]), "--format", "torch-int8", "--out", str(out)]) == 0
+    assert main([str(runs["seq2seq"]), "--format", "torch-int8", "--out", str(out)]) == 0
     loaded, manifest = load_torch_int8(out)
-    run = load_run(runs["transformer"])
+    run = load_run(runs["seq2seq"])
     quantised = quantize_twin(torch_twin(run))
     assert isinstance(quantised.encoder.layers[0].ffn.linear1, torch.ao.nn.quantized.dynamic.Linear)
     ids = dict(bos_id=1, eos_id=2, pad_id=0, max_new_tokens=N_NEW, kind=manifest["model_kind"])

@@ -52,7 +52,7 @@ def fabricate_run(workdir, kind: str, checkpoint: bool = True):
 
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
-    return fabricate_run(tmp_path_factory.mktemp("runs") / "seq2seq", "transformer")
+    return fabricate_run(tmp_path_factory.mktemp("runs") / "seq2seq", "seq2seq")
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_bad_workdirs_and_flags(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nope"
     code, _, err = run_cli(["--workdir", str(missing)], "abc\n", monkeypatch, capsys)
     assert code == 2 and "is not a directory" in err
-    empty = fabricate_run(tmp_path / "no_ckpt", "transformer", checkpoint=False)
+    empty = fabricate_run(tmp_path / "no_ckpt", "seq2seq", checkpoint=False)
     code, _, err = run_cli(["--workdir", str(empty)], "abc\n", monkeypatch, capsys)
     assert code == 2 and "no checkpoint" in err
     with pytest.raises(SystemExit):  # argparse: sampling flags without --sample

@@ -32,7 +32,7 @@ def padded_batches(count, seed=0):
 
 def train(dtype, grad_accum):
     config = preset("tiny", dtype=dtype, param_dtype=dtype, dropout_rate=0.0)
-    model = model_for(config, "transformer")
+    model = model_for(config, "seq2seq")
     # Clipping on, so that a wrong gradient scale would show in the update.
     opt = make_optimizer(make_schedule("inverse_sqrt", LR, 2, 10), clip_norm=0.5)
     state = create_train_state(model, opt, seed=0)

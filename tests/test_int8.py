@@ -38,7 +38,7 @@ def test_quantize_matrix_per_output_channel():
 
 
 def test_every_matrix_is_int8_and_vectors_stay_float():
-    params = random_params(CONFIG.replace(positional="learned"), "transformer")
+    params = random_params(CONFIG.replace(positional="learned"), "seq2seq")
     quantised = quantize_params(params)
     is_q = lambda x: isinstance(x, Int8Matrix)  # noqa: E731
     flat = jax.tree_util.tree_flatten_with_path(quantised, is_leaf=is_q)[0]
@@ -57,8 +57,8 @@ def test_every_matrix_is_int8_and_vectors_stay_float():
 
 
 def test_int8_model_stays_int8_into_jit_and_is_close():
-    model = model_for(CONFIG, "transformer")
-    variables = {"params": random_params(CONFIG, "transformer")}
+    model = model_for(CONFIG, "seq2seq")
+    variables = {"params": random_params(CONFIG, "seq2seq")}
     quantised = quantize_variables(variables)
     src = np.random.default_rng(1).integers(3, 259, (2, 9)).astype(np.int32)
     forward = jax.jit(lambda v, s, t: int8_model(model).apply(v, s, t))
@@ -72,7 +72,7 @@ def test_int8_model_stays_int8_into_jit_and_is_close():
 
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
-    return fabricate_run(tmp_path_factory.mktemp("runs") / "seq2seq", "transformer")
+    return fabricate_run(tmp_path_factory.mktemp("runs") / "seq2seq", "seq2seq")
 
 
 def test_generate_int8(seq2seq_run, monkeypatch, capsys):

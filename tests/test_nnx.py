@@ -25,7 +25,7 @@ from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.state import create_train_state
 from flax_transformer.training.steps import make_train_step
 
-KINDS = ["transformer", "lm"]
+KINDS = ["seq2seq", "lm"]
 STEPS = 3
 
 
@@ -119,7 +119,7 @@ def test_random_init_has_the_linen_tree_and_bad_weights_are_refused():
     with jax.enable_x64(True):
         model = ftnnx.Transformer(config(), rngs=nnx.Rngs(0))
         params = ftnnx.linen_params(model)
-        expected = expected_param_shapes(config(), "transformer")
+        expected = expected_param_shapes(config(), "seq2seq")
         found = {path: (leaf.shape, leaf.dtype) for path, leaf in flatten_params(params).items()}
         assert found == expected
         embedding = params["src_embed"]["embedding"]  # normal(d_model ** -0.5), not a constant

@@ -25,8 +25,8 @@ CONFIG = TransformerConfig(
     dropout_rate=0.0,
     max_len=32,
 )
-TORCH_MODELS = {"transformer": torch_reference.Transformer, "lm": torch_reference.TransformerLM}
-FLAX_MODELS = {"transformer": Transformer, "lm": TransformerLM}
+TORCH_MODELS = {"seq2seq": torch_reference.Transformer, "lm": torch_reference.TransformerLM}
+FLAX_MODELS = {"seq2seq": Transformer, "lm": TransformerLM}
 
 
 def torch_weights(kind, config=CONFIG, seed=0):
@@ -67,7 +67,7 @@ def assert_first_divergence(report, expected):
         assert report[name].status == "ok", report.format_table()
 
 
-@pytest.mark.parametrize("kind", ["transformer", "lm"])
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_converted_weights_are_all_green(kind, dtype):
     state = torch_weights(kind)
@@ -91,9 +91,9 @@ def test_config_variants_are_all_green():
         final_norm=True,
         activation="gelu",
     )
-    state = torch_weights("transformer", config)
+    state = torch_weights("seq2seq", config)
     params = torch_state_to_flax(state, config)
-    report = compare_weights(config, params, state, batch_for("transformer"), dtype="float64")
+    report = compare_weights(config, params, state, batch_for("seq2seq"), dtype="float64")
     assert report.ok, report.format_table()
     names = [t.name for t in report.tensors]
     assert {"encoder.norm", "decoder.norm", "logits"} <= set(names)
@@ -101,9 +101,9 @@ def test_config_variants_are_all_green():
 
 
 def test_names_follow_execution_order():
-    state = torch_weights("transformer")
+    state = torch_weights("seq2seq")
     report = compare_weights(
-        CONFIG, torch_state_to_flax(state, CONFIG), state, batch_for("transformer")
+        CONFIG, torch_state_to_flax(state, CONFIG), state, batch_for("seq2seq")
     )
     names = [t.name for t in report.tensors]
     layer = [n.removeprefix("encoder.layers.0.") for n in names if "encoder.layers.0." in n]
@@ -156,10 +156,10 @@ SEQ2SEQ_FAULTS = [
 
 @pytest.mark.parametrize("key,expected", SEQ2SEQ_FAULTS)
 def test_perturbed_torch_weight_is_named(key, expected):
-    state = torch_weights("transformer")
+    state = torch_weights("seq2seq")
     params = torch_state_to_flax(state, CONFIG)
     broken = perturbed(state, key, index=(4, 2))  # token 4 appears in the batch
-    report = compare_weights(CONFIG, params, broken, batch_for("transformer"), dtype="float32")
+    report = compare_weights(CONFIG, params, broken, batch_for("seq2seq"), dtype="float32")
     assert report.tol == 1e-5
     assert_first_divergence(report, expected)
     assert report["logits"].status == "FAIL"
@@ -183,25 +183,25 @@ def test_perturbed_flax_weight_is_named_in_the_lm(key, expected):
     assert_first_divergence(report, expected)
 
 
-@pytest.mark.parametrize("kind", ["transformer", "lm"])
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 def test_layer_norm_eps_on_one_side_names_the_first_norm(kind):
     state = torch_weights(kind)
     flax_model, params, torch_model = models(
         kind, state, torch_config=CONFIG.replace(layer_norm_eps=1e-3)
     )
     report = compare_models(flax_model, params, torch_model, batch_for(kind))
-    stack = "encoder" if kind == "transformer" else "decoder"
+    stack = "encoder" if kind == "seq2seq" else "decoder"
     assert_first_divergence(report, f"{stack}.layers.0.norm1")
 
 
 def test_tanh_gelu_in_one_ffn_names_that_ffn():
     config = CONFIG.replace(activation="gelu")
-    state = torch_weights("transformer", config)
+    state = torch_weights("seq2seq", config)
     flax_model, params, torch_model = models(
-        "transformer", state, flax_config=config, torch_config=config
+        "seq2seq", state, flax_config=config, torch_config=config
     )
     torch_model.decoder.layers[1].ffn.activation = nn.GELU(approximate="tanh")
-    report = compare_models(flax_model, params, torch_model, batch_for("transformer"))
+    report = compare_models(flax_model, params, torch_model, batch_for("seq2seq"))
     assert_first_divergence(report, "decoder.layers.1.ffn")
 
 
@@ -221,10 +221,10 @@ def test_tanh_gelu_model_wide_names_the_first_ffn_in_float64():
 
 def test_padding_rows_are_not_errors_unless_asked():
     """A different embedding for the pad token changes only padding rows."""
-    state = torch_weights("transformer")
+    state = torch_weights("seq2seq")
     params = torch_state_to_flax(state, CONFIG)
     broken = perturbed(state, "tgt_embed.weight", index=(CONFIG.pad_id, 3), delta=1.0)
-    batch = batch_for("transformer")
+    batch = batch_for("seq2seq")
     assert (batch["tgt_in"] == CONFIG.pad_id).any()
     report = compare_weights(CONFIG, params, broken, batch)
     assert report.ok, report.format_table()
@@ -237,15 +237,15 @@ def test_padding_rows_are_not_errors_unless_asked():
 def test_valid_entries_for_attention_weights():
     batch = {"src": np.array([[5, 6, 0]]), "tgt_in": np.array([[1, 7, 0]])}
     self_mask = valid_entries(
-        "decoder.layers.0.self_attn.attention_weights", (1, 2, 3, 3), batch, "transformer", 0
+        "decoder.layers.0.self_attn.attention_weights", (1, 2, 3, 3), batch, "seq2seq", 0
     )
     expected = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0]], bool)  # causal, pad key and row out
     np.testing.assert_array_equal(self_mask[0, 0], expected)
     cross = valid_entries(
-        "decoder.layers.0.cross_attn.attention_weights", (1, 2, 3, 3), batch, "transformer", 0
+        "decoder.layers.0.cross_attn.attention_weights", (1, 2, 3, 3), batch, "seq2seq", 0
     )
     np.testing.assert_array_equal(cross[0, 0], [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
-    rows = valid_entries("encoder.layers.0.ffn", (1, 3, 16), batch, "transformer", 0)
+    rows = valid_entries("encoder.layers.0.ffn", (1, 3, 16), batch, "seq2seq", 0)
     np.testing.assert_array_equal(rows[0, :, 0], [True, True, False])
 
 
@@ -286,11 +286,11 @@ def test_fused_torch_attention_leaves_weights_missing_not_failed():
 
 
 def test_bad_batches_are_clear_errors():
-    state = torch_weights("transformer")
+    state = torch_weights("seq2seq")
     params = torch_state_to_flax(state, CONFIG)
     with pytest.raises(ParityInputError, match="missing 'src'"):
         compare_weights(CONFIG, params, state, {"tgt_in": np.ones((1, 3), np.int32)})
-    batch = batch_for("transformer")
+    batch = batch_for("seq2seq")
     batch["src"][0, 0] = CONFIG.src_vocab_size
     with pytest.raises(ParityInputError, match="outside the vocabulary of size 37"):
         compare_weights(CONFIG, params, state, batch)
@@ -299,6 +299,6 @@ def test_bad_batches_are_clear_errors():
     missing = {k: v for k, v in state.items() if k != "lm_head.bias"}
     with pytest.raises(ParityInputError, match="lm_head.bias"):
         compare_weights(CONFIG, params, missing)
-    flax_model, flax_params, torch_model = models("transformer", state, "float32")
+    flax_model, flax_params, torch_model = models("seq2seq", state, "float32")
     with pytest.raises(ParityInputError, match="computes in float32 but the torch model's"):
-        compare_models(flax_model, flax_params, torch_model.double(), batch_for("transformer"))
+        compare_models(flax_model, flax_params, torch_model.double(), batch_for("seq2seq"))

@@ -21,10 +21,10 @@ SMALL_RUN = ["--batch-size", "3", "--src-len", "7", "--tgt-len", "6"]
 BROKEN_KEY = "decoder.layers.1.ffn.linear1.weight"
 
 
-def torch_state(config=CONFIG, kind="transformer", seed=0):
+def torch_state(config=CONFIG, kind="seq2seq", seed=0):
     torch.manual_seed(seed)
     model_cls = (
-        torch_reference.Transformer if kind == "transformer" else torch_reference.TransformerLM
+        torch_reference.Transformer if kind == "seq2seq" else torch_reference.TransformerLM
     )
     return torch_reference.state_dict_to_numpy(model_cls(config))
 
@@ -115,7 +115,7 @@ def test_model_kinds_must_agree(files, capsys, tmp_path):
     lm = tmp_path / "lm.safetensors"
     save_torch_state(lm, torch_state(kind="lm"), CONFIG, model="lm")
     code, _, err = run([files["torch"], lm], capsys)
-    assert code == 2 and "A is a 'transformer' model and B a 'lm' model" in err
+    assert code == 2 and "A is a 'seq2seq' model and B a 'lm' model" in err
 
 
 @pytest.mark.parametrize(

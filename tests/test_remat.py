@@ -34,7 +34,7 @@ def loss_and_grads(
     shared init."""
     src, tgt = tokens(0, (3, 7), cfg.src_vocab_size), tokens(1, (3, 6), cfg.tgt_vocab_size)
     base = cfg.replace(remat=False)
-    if kind == "transformer":
+    if kind == "seq2seq":
         model, args = Transformer(cfg), (src, tgt)
         params = Transformer(base).init(jax.random.key(0), src, tgt)["params"]
     else:
@@ -69,7 +69,7 @@ def assert_same(with_remat, without_remat, rtol: float):
 
 
 # The seq2seq case takes ~45 s on 2 cores: a long run (`pytest -m slow`, CI).
-@pytest.mark.parametrize("kind", [pytest.param("transformer", marks=pytest.mark.slow), "lm"])
+@pytest.mark.parametrize("kind", [pytest.param("seq2seq", marks=pytest.mark.slow), "lm"])
 def test_remat_gradients_equal_float64(kind):
     cfg = CONFIG.replace(dtype="float64", param_dtype="float64")
     with jax.enable_x64(True):
@@ -79,7 +79,7 @@ def test_remat_gradients_equal_float64(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["transformer", "lm"])
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 def test_remat_with_dropout_draws_the_same_masks(kind):
     # One block per stack: the unrolled dropout hash makes these programs slow to compile.
     cfg = CONFIG.replace(num_decoder_layers=1, dropout_rate=0.3, attention_dropout_rate=0.2)

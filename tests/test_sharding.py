@@ -203,9 +203,9 @@ def _flat(tree) -> dict[str, object]:
 @pytest.mark.parametrize(
     "kind, changes",
     [
-        ("transformer", {}),
-        ("transformer", dict(positional="learned", final_norm=True, remat=True)),
-        ("transformer", dict(share_embeddings=True, tie_output=True, src_vocab_size=48)),
+        ("seq2seq", {}),
+        ("seq2seq", dict(positional="learned", final_norm=True, remat=True)),
+        ("seq2seq", dict(share_embeddings=True, tie_output=True, src_vocab_size=48)),
         ("lm", dict(use_bias=False)),
         ("lm", dict(positional="learned", final_norm=True)),
     ],
@@ -248,7 +248,7 @@ def test_partition_rules():
 
     from flax_transformer.nn.kinds import model_for
 
-    model = model_for(tiny_config().replace(positional="learned"), "transformer")
+    model = model_for(tiny_config().replace(positional="learned"), "seq2seq")
     specs = _flat(param_partition_specs(model, {"data": 2, "model": 4}))
     attn = "decoder/layers_0/cross_attn/"
     assert specs[attn + "query/kernel"] == P(None, "model")

@@ -28,7 +28,7 @@ CONFIG = preset("tiny")
 def learner():
     """A tiny dropout model, an AdamW with warmup, its jitted train / eval steps and a state at
     step 0 (seed 1), shared by the tests: each compilation, init's included, costs seconds."""
-    model = model_for(CONFIG.replace(dropout_rate=0.1), "transformer")
+    model = model_for(CONFIG.replace(dropout_rate=0.1), "seq2seq")
     opt = make_optimizer(make_schedule("inverse_sqrt", 1e-2, 5, 40), weight_decay=0.01)
     step = jax.jit(make_train_step(model, opt, label_smoothing=0.1))  # not donated: shared state
     state = create_train_state(model, opt, seed=1)
@@ -105,7 +105,7 @@ def test_clip_matches_optax_without_eps_and_torch_formula_with_it():
 def test_weight_decay_skips_biases_and_norms():
     # The model's param tree filled with ones: unlike a real init (zero biases), any decay of
     # a 1-D param would show.
-    abstract = abstract_variables(model_for(CONFIG, "transformer"))["params"]
+    abstract = abstract_variables(model_for(CONFIG, "seq2seq"))["params"]
     params = jax.tree.map(lambda leaf: jnp.ones(leaf.shape, leaf.dtype), abstract)
     zeros = jax.tree.map(jnp.zeros_like, params)
     opt = make_optimizer(0.0, weight_decay=0.5, clip_norm=0.0)  # lr 0: nothing should move...

@@ -24,7 +24,13 @@ import numpy as np
 
 from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
 from flax_transformer.spec.config import TransformerConfig, config_diff
-from flax_transformer.spec.kinds import MODEL_KINDS, OLD_NAMES, SEQ2SEQ, infer_model_kind
+from flax_transformer.spec.kinds import (
+    MODEL_KINDS,
+    OLD_NAMES,
+    SEQ2SEQ,
+    current_name,
+    infer_model_kind,
+)
 from flax_transformer.spec.naming import (
     LEAF_TO_TORCH,
     convert_layout,
@@ -275,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("input", help="torch .safetensors/.pt or Flax .safetensors file")
     parser.add_argument("output", help="where to write the converted .safetensors file")
     parser.add_argument("--config", help="TransformerConfig JSON (needed for .pt input)")
-    parser.add_argument("--model", choices=MODEL_KINDS, help="default: from the file / its keys")
+    parser.add_argument(
+        "--model", choices=MODEL_KINDS, type=current_name, help="default: from the file / its keys"
+    )
     parser.add_argument(
         "--allow-nonfinite",
         action="store_true",

@@ -22,6 +22,7 @@ from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.interop.convert import (
     MODEL_KINDS,
     ConversionError,
+    current_name,
     expected_param_shapes,
     load_flax_params,
 )
@@ -183,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         "differ (e.g. layer_norm_eps, activation, norm_first)",
     )
     parser.add_argument("--config", help="TransformerConfig JSON for files without one (.pt)")
-    parser.add_argument("--model", choices=MODEL_KINDS, help="default: from the files")
+    parser.add_argument(
+        "--model", choices=MODEL_KINDS, type=current_name, help="default: from the files"
+    )
     return parser
 
 

@@ -19,7 +19,7 @@ from flax_transformer.parity.capture import capture_flax, capture_torch
 from flax_transformer.parity.inputs import ParityInputError, check_batch, make_batch
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport, compare_captures
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.kinds import CLASS_NAMES, MODEL_KINDS, SEQ2SEQ
+from flax_transformer.spec.kinds import CLASS_NAMES, SEQ2SEQ, check_kind
 
 RUN_DTYPES = ("float32", "float64")
 # Fields that do not change the function computed in a deterministic forward pass (dtype is set
@@ -109,8 +109,10 @@ def compare_weights(
     import torch_reference
     from flax_transformer.nn.kinds import model_for
 
-    if model_kind not in MODEL_KINDS:
-        raise ParityInputError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+    try:
+        model_kind = check_kind(model_kind)  # also reads the kind's old name
+    except ValueError as err:
+        raise ParityInputError(str(err)) from None
     if dtype not in RUN_DTYPES:
         raise ParityInputError(f"dtype must be one of {RUN_DTYPES}, got {dtype!r}")
     flax_config = run_config(config, dtype)

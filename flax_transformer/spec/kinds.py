@@ -9,9 +9,14 @@ MODEL_KINDS = (SEQ2SEQ, LM)
 OLD_NAMES = {"transformer": SEQ2SEQ}
 
 
+def current_name(kind: str) -> str:
+    """The kind's current name for an old one (e.g. a `--model transformer` flag); else as given."""
+    return OLD_NAMES.get(kind, kind)
+
+
 def check_kind(kind: str) -> str:
     """`kind` as one of MODEL_KINDS (an old name is translated), or a ValueError naming them."""
-    kind = OLD_NAMES.get(kind, kind)
+    kind = current_name(kind)
     if kind not in MODEL_KINDS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
     return kind
