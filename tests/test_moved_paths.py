@@ -52,4 +52,19 @@ def test_the_kind_has_one_name_and_old_files_still_read():
     from flax_transformer.spec.kinds import MODEL_KINDS, check_kind
 
     assert MODEL_KINDS == ("seq2seq", "lm")
-    assert check_kind("seq2seq") == "seq2seq"  # what runs and files before 0.2 recorded
+    assert check_kind("transformer") == "seq2seq"  # what runs and files before 0.2 recorded
+
+
+def test_a_weight_file_of_the_old_kind_name_loads_as_seq2seq(tmp_path):
+    import jax
+    import numpy as np
+
+    from flax_transformer import Transformer, preset
+    from flax_transformer.interop.convert import load_weights, save_flax_params
+
+    config = preset("tiny")
+    src = np.ones((1, 3), np.int32)
+    params = Transformer(config).init(jax.random.key(0), src, src)["params"]
+    path = tmp_path / "old.safetensors"
+    save_flax_params(path, params, config, model="transformer")  # as 0.1 wrote it
+    assert load_weights(path)[3] == "seq2seq"
