@@ -51,10 +51,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         "(default: %(default)s)",
     )
     argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:split])  # first, so that --help works without a command
-    if split == len(argv):
+    if "--" not in argv:
+        parser.parse_known_args(argv)  # first, so that --help works without a command
         parser.error("give the command after --, e.g. -- train.py --mesh data=2")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
         parser.error("the command after -- is empty")
