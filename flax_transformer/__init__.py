@@ -8,6 +8,28 @@ interop <- parity.
 
 from flax_transformer.lazy import lazy_exports
 
+
+def _version() -> str:
+    """The installed distribution's version; from pyproject.toml in a tree that is not installed
+    (e.g. a checkout on PYTHONPATH), "0+unknown" when neither is there."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flax-transformer")
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+
+
+__version__ = _version()
+
 _EXPORTS = {
     "TransformerConfig": "flax_transformer.spec.config",
     "config_diff": "flax_transformer.spec.config",

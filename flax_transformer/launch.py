@@ -52,6 +52,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     )
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
+        parser.parse_known_args(argv)  # first, so that --help works without a command
         parser.error("give the command after --, e.g. -- train.py --mesh data=2")
     split = argv.index("--")
     args = parser.parse_args(argv[:split])

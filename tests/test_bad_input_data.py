@@ -173,9 +173,9 @@ def weight_files(tmp_path_factory, variables):
 @pytest.mark.parametrize(
     "name, extra, code, message",
     [
-        ("int", [], 1, "'decoder.layers.0.ffn.linear1.weight' has dtype int32; weights must"),
-        ("nan", [], 1, "tensor 'encoder.layers.0.ffn.linear1.weight' has 1 non-finite value(s)"),
-        ("nan", [], 1, "--allow-nonfinite to accept"),
+        ("int", [], 2, "'decoder.layers.0.ffn.linear1.weight' has dtype int32; weights must"),
+        ("nan", [], 2, "tensor 'encoder.layers.0.ffn.linear1.weight' has 1 non-finite value(s)"),
+        ("nan", [], 2, "--allow-nonfinite to accept"),
         ("nan", ["--allow-nonfinite"], 0, '"converted": "torch -> flax"'),
         ("good", [], 0, '"converted": "torch -> flax"'),
     ],

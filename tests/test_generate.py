@@ -131,7 +131,7 @@ def test_bad_lines_are_reported_and_keep_alignment(seq2seq_run, monkeypatch, cap
         monkeypatch,
         capsys,
     )
-    assert code == 1
+    assert code == 2  # bad input
     assert len(out) == 5 and out[1] == "" and out[2] == "" and out[0] == out[3]
     assert "line 2: empty input" in err
     assert "line 3" in err and "longer than the model's max_len 24" in err

@@ -80,14 +80,14 @@ def test_export_of_the_import_is_the_original(imported, tmp_path):
 
 def test_cli_errors(imported, tmp_path, capsys):
     hf_dir, run_dir = imported
-    assert hf_main(["import", str(hf_dir), str(run_dir)]) == 1  # never over an existing run
+    assert hf_main(["import", str(hf_dir), str(run_dir)]) == 2  # never over an existing run
     assert "is not an empty directory; nothing was written" in capsys.readouterr().err
     no_tokenizer = hf_models.save(hf_models.build("bart"), tmp_path / "bart")
-    assert hf_main(["import", str(no_tokenizer), str(tmp_path / "run")]) == 1
+    assert hf_main(["import", str(no_tokenizer), str(tmp_path / "run")]) == 2
     assert "no tokenizer files" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     (tmp_path / "plain").mkdir()
-    assert hf_main(["export", str(tmp_path / "plain"), str(tmp_path / "out")]) == 1
+    assert hf_main(["export", str(tmp_path / "plain"), str(tmp_path / "out")]) == 2
     assert "no hf_config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         hf_main(["convert", "a", "b"])

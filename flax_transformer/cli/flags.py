@@ -1,5 +1,6 @@
 """Command-line flags checked by the same value rules as configs (`spec/validate.py`): an argparse
-`type=` that parses and checks a numeric flag, and the check of flag values read back from JSON."""
+`type=` that parses and checks a numeric flag, the check of flag values read back from JSON, and
+the one spelling of a run directory (`--workdir RUN`, the old positional form still read)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from flax_transformer.spec.validate import SEED, Bool, Choice, Float, Int, Text
 
-__all__ = ["SEED", "flag_type", "run_config_problems"]
+__all__ = ["SEED", "flag_type", "one_run_dir", "run_config_problems"]
 
 
 def flag_type(rule: Int | Float, flag: str):
@@ -60,3 +61,16 @@ def run_config_problems(parser: argparse.ArgumentParser, values: Mapping[str, An
         if problem:
             problems.append(f"{flag} {problem}")
     return problems
+
+
+def one_run_dir(parser: argparse.ArgumentParser, workdir, positional, *, what: str = "RUN_DIR"):
+    """The run directory a command reads: `--workdir RUN` (every command's spelling) or the old
+    positional RUN_DIR; a usage error (exit 2) when neither or two different ones are given."""
+    if workdir is None and positional is None:
+        parser.error(f"give the run directory: --workdir RUN (or the old positional {what})")
+    if workdir is not None and positional is not None and str(workdir) != str(positional):
+        parser.error(
+            f"two run directories: --workdir {workdir} and {what} {positional}; give one "
+            "(--workdir)"
+        )
+    return workdir if workdir is not None else positional

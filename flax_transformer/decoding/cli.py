@@ -11,7 +11,7 @@ default, beam search with --beam N, sampling with --sample. Newlines inside a ge
 written as the two characters \\n so that the output stays line-aligned.
 
 Bad input lines (empty, not valid UTF-8, or too long for the model's max_len) are reported on
-stderr with their line number and produce an empty output line; the exit status is then 1. A
+stderr with their line number and produce an empty output line; the exit status is then 2. A
 leading UTF-8 byte-order mark is dropped. Flag values out of range (e.g. --top-p 0, --top-k
 larger than the vocabulary) and a workdir that is not a finished train.py run (no config,
 tokenizer or checkpoint, or a config that does not match the checkpoint) are errors (exit
@@ -139,7 +139,8 @@ def read_lines(path: Path | None) -> list[bytes]:
     try:
         return split_lines(path.read_bytes())
     except OSError as err:
-        raise SystemExit(f"error: cannot read --input {path}: {err.strerror or err}") from None
+        print(f"error: cannot read --input {path}: {err.strerror or err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class Generator:
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}; an empty line is written in its place", file=sys.stderr)
     for out in outputs:
         print(out)
-    return 1 if errors else 0
+    return 2 if errors else 0  # bad input lines: exit status 2, like every bad input
 
 
 if __name__ == "__main__":

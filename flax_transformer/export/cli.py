@@ -1,4 +1,5 @@
-"""`python -m flax_transformer.export RUN_DIR --format FORMAT --out DIR`: deploy a trained run.
+"""`python -m flax_transformer.export --workdir RUN --format FORMAT --out DIR`: deploy a trained run
+(`export RUN --format ...`, the run directory as a positional argument, is the old spelling).
 
 Formats: `stablehlo` (jax.export: forward.stablehlo, greedy.stablehlo; `--int8` bakes in int8
 weights), `onnx` (model.onnx, encoder.onnx, decoder.onnx through the PyTorch twin) and
@@ -17,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from flax_transformer.cli.flags import one_run_dir
 from flax_transformer.export.output import ExportError, check_float32, check_output_dir
 
 FORMATS = ("stablehlo", "onnx", "torch-int8")
@@ -28,9 +30,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m flax_transformer.export",
         description="Export a train.py run as StableHLO, ONNX or int8 TorchScript.",
     )
-    parser.add_argument("run_dir", type=Path, help="a train.py workdir")
+    parser.add_argument(
+        "run_dir", type=Path, nargs="?", help="a train.py workdir (old spelling of --workdir)"
+    )
+    parser.add_argument("--workdir", type=Path, help="the train.py run directory to export")
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
-    parser.add_argument("--out", type=Path, required=True, help="the output directory")
+    parser.add_argument("--out", "--output", type=Path, required=True, help="the output directory")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     parser.add_argument(
         "--int8", action="store_true", help="stablehlo: int8 weights (per-channel scales)"
@@ -52,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="stablehlo: comma-separated jax platforms to lower for (cpu, cuda, rocm, tpu)",
     )
     args = parser.parse_args(argv)
+    args.run_dir = one_run_dir(parser, args.workdir, args.run_dir)
     if args.int8 and args.format != "stablehlo":
         parser.error(
             f"--int8 applies to --format stablehlo (--format {args.format} "
@@ -68,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not args.platforms:
         parser.error(f"--platforms must name some of {', '.join(PLATFORMS)}, got {unknown}")
     if not args.run_dir.is_dir():
-        parser.error(f"RUN_DIR {args.run_dir} is not a directory")
+        parser.error(f"--workdir {args.run_dir} is not a directory")
     try:
         check_output_dir(args.out, args.force)
     except ExportError as err:

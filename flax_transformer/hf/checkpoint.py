@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.files.modes import give_umask_mode
 from flax_transformer.interop.convert import load_safetensors, load_torch_pickle
 from flax_transformer.spec.tree_check import ConversionError
 
@@ -104,6 +105,7 @@ def write_hf_dir(
     atomic_write_text(path / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
     save_file(tensors, str(path / SAFETENSORS), metadata={"format": "pt"})
+    give_umask_mode(path / SAFETENSORS)  # safetensors writes 0600 whatever the umask
     if generation_config:
         text = json.dumps(generation_config, indent=2, sort_keys=True) + "\n"
         atomic_write_text(path / "generation_config.json", text)

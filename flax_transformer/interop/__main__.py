@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         ).eval()
     except (AssertionError, ValueError, RuntimeError) as err:
         print(f"error: invalid nn.Transformer settings: {err}", file=sys.stderr)
-        return 1
+        return 2
     with jax.enable_x64(args.dtype == "float64"):
         report = _compare_with_torch(torch_model, args)
     print(json.dumps(report, indent=2))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
+from flax_transformer.files.modes import give_umask_mode
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import (
     MODEL_KINDS,
@@ -141,6 +142,7 @@ def save_safetensors(
     check_output_path(path)
     with atomic_path(path) as tmp:  # a crash mid-write leaves the old file, never half a file
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata)
+        give_umask_mode(tmp)  # safetensors' own temporary file is 0600 whatever the umask
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -279,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         "safetensors file, or a Flax file back to torch keys. The direction follows the input.",
     )
     parser.add_argument("input", help="torch .safetensors/.pt or Flax .safetensors file")
-    parser.add_argument("output", help="where to write the converted .safetensors file")
+    parser.add_argument("output", nargs="?", help="old spelling of --out")
+    parser.add_argument(
+        "--out", "--output", dest="out", help="where to write the converted .safetensors file"
+    )
     parser.add_argument("--config", help="TransformerConfig JSON (needed for .pt input)")
     parser.add_argument(
         "--model", choices=MODEL_KINDS, type=current_name, help="default: from the file / its keys"
@@ -290,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         help="convert weights holding nan/inf (refused by default: such a model computes nan)",
     )
     args = parser.parse_args(argv)
+    if (args.output is None) == (args.out is None):
+        parser.error("give the output file once: --out OUT (or the old positional OUT)")
+    args.output = args.output if args.output is not None else args.out
     try:  # before reading anything: the output's directory exists and the output is no input
         check_output_path(args.output, inputs=(args.input,))
     except OutputPathError as err:
@@ -307,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
             params = _flax_file_params(tensors, config, model)
             save_torch_state(args.output, flax_to_torch_state(params), config, model)
             direction = "flax -> torch"
-    except (ConversionError, ValueError, OSError) as err:
+    except (ConversionError, ValueError, OSError) as err:  # bad input: exit status 2
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     count = len(flatten_params(params))
     print(
         json.dumps(

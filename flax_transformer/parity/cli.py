@@ -2,6 +2,7 @@
 
 Exit 0: all within tolerance, 1: something out of tolerance, 2: bad input.
     python -m flax_transformer.parity A B [--dtype float64|float32] [--tol T] [--json OUT]
+    python -m flax_transformer.parity --workdir RUN [B]    (A = RUN; B = RUN when not given)
         [--input TEXT ...] [--target TEXT ...] [--tokenizer tokenizer.json]
 A's weights run in Flax, B's weights run in the torch twin (pass the same file twice to check
 the two implementations against each other). A and B are torch_reference or Flax safetensors
@@ -133,11 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
         "within tolerance, 1 something out of tolerance, 2 bad input.",
     )
     parser.add_argument(
-        "a",
-        help="weights run in Flax: .safetensors (either framework), "
-        ".pt (with --config) or a train.py workdir",
+        "sources",
+        nargs="*",
+        metavar="A B",
+        help="A: weights run in Flax: .safetensors (either framework), .pt (with --config) or a "
+        "train.py workdir; B: weights run in the torch twin (same kinds as A)",
     )
-    parser.add_argument("b", help="weights run in the torch twin (same kinds as A)")
+    parser.add_argument(
+        "--workdir",
+        metavar="RUN",
+        help="a train.py run as A; B is the one positional given, or RUN again (the run's "
+        "weights in Flax against the same weights in the torch twin)",
+    )
     parser.add_argument(
         "--dtype",
         choices=RUN_DTYPES,
@@ -190,6 +198,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, with A and B (`args.a`, `args.b`) resolved from `--workdir` and positionals."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sources = list(args.sources)
+    if args.workdir is not None:
+        if len(sources) > 1:
+            parser.error(f"--workdir {args.workdir} is A: give at most one positional (B)")
+        sources = [args.workdir, sources[0] if sources else args.workdir]
+    if len(sources) != 2:
+        parser.error(
+            f"give A and B (two weight files or workdirs) or --workdir RUN; got {len(sources)} "
+            "positional argument(s)"
+        )
+    args.a, args.b = sources
+    return args
+
+
 def run_cli(args: argparse.Namespace) -> ParityReport:
     config = TransformerConfig.load(args.config) if args.config else None
     a = load_source(args.a, config, args.model)
@@ -234,7 +260,7 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         report = run_cli(args)
     except (ParityInputError, ConversionError, ValueError, OSError) as err:

@@ -1,0 +1,81 @@
+"""`ftx`: the installed command. `ftx SUBCOMMAND ...` hands the rest of the command line to that
+command's own `main(argv) -> int`, the same function `python -m flax_transformer.X` runs.
+
+    ftx --help | --version
+    ftx train --workdir runs/x          (= python train.py ...)
+    ftx generate --workdir runs/x       (= python -m flax_transformer.generate ...)
+
+Each subcommand's module is imported only when it is chosen, so `ftx --help` loads no JAX.
+Exit status, for every subcommand: 0 ok, 1 a failed check (e.g. a parity mismatch), 2 bad input
+or usage (an unknown subcommand included).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module whose main(argv) runs it, one line for `ftx --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("flax_transformer.cli.train", "train a model (the built-in task or your data)"),
+    "generate": ("flax_transformer.decoding.cli", "translate / continue text with a run"),
+    "convert": ("flax_transformer.interop.convert", "weight files: torch <-> Flax safetensors"),
+    "parity": ("flax_transformer.parity.cli", "where two sets of weights start to differ"),
+    "export": ("flax_transformer.export.cli", "a run as StableHLO, ONNX or int8 TorchScript"),
+    "hf": ("flax_transformer.hf.__main__", "Hugging Face directories <-> run directories"),
+    "launch": ("flax_transformer.launch", "start a multi-process training run on this machine"),
+    "demo": ("flax_transformer.demo", "convert the torch twin's weights and print the parity"),
+}
+USAGE = "usage: ftx [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
+
+
+def help_text() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items())
+    return (
+        f"{USAGE}\n\nThe flax-transformer commands (`ftx COMMAND --help` for each one's flags).\n"
+        f"\ncommands:\n{rows}\n\nexit status: 0 ok, 1 a failed check (e.g. a parity mismatch), "
+        "2 bad input or usage\n"
+    )
+
+
+def _version() -> str:
+    from flax_transformer import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(f"{USAGE}\nftx: error: give a command: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    first, rest = argv[0], argv[1:]
+    if first in ("-h", "--help"):
+        print(help_text(), end="")
+        return 0
+    if first == "--version":
+        print(f"ftx (flax-transformer) {_version()}")
+        return 0
+    if first not in COMMANDS:
+        print(
+            f"{USAGE}\nftx: error: unknown command {first!r}; the commands are "
+            f"{', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[first][0])
+    try:
+        code = module.main(rest)
+    except SystemExit as done:  # argparse (--help: 0, a usage error: 2)
+        code = done.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # SystemExit("message")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
