@@ -32,7 +32,7 @@ def test_import_writes_a_train_py_run(imported):
     hf_dir, run_dir = imported
     run = load_run(run_dir)
     model = hf.load(hf_dir)
-    assert run.config == model.config and run.model_kind == "transformer"
+    assert run.config == model.config and run.model_kind == "seq2seq"
     for a, b in zip(jax.tree.leaves(run.params), jax.tree.leaves(model.variables), strict=True):
         np.testing.assert_array_equal(a, b)
     tok = run.tokenizer
