@@ -229,7 +229,10 @@ def hf_state_to_params(
         flax_path_to_torch_key(p): tuple(s[::-1]) if is_transposed(p) else tuple(s)
         for p, s in flax_shapes.items()
     }
-    table = lambda: sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)  # noqa: E731
+
+    def table() -> np.ndarray:  # the constant position table a file may hold (older Marian)
+        return sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)
+
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
     check_hf_state(state, canonical_shapes, model_type, where)
     dtype = numpy_dtype(config.param_dtype)
