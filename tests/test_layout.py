@@ -33,6 +33,15 @@ ALLOWED = {
 # Entry points sit above all rooms and may import anything: the CLIs, and hf/run_dir.py (a
 # Hugging Face directory made a run directory and back, for the `hf` command).
 ENTRY_POINTS = {"cli.py", "__main__.py", "run_dir.py"}
+# Rooms within a room: what their modules may import of the package (the bottom of their room).
+# hf/families/: the Hugging Face family registry that the rest of hf/ reads, never the reverse.
+SUB_ROOMS = {
+    "hf/families": (
+        "flax_transformer.files",
+        "flax_transformer.spec",
+        "flax_transformer.hf.families",
+    ),
+}
 MAX_LINES = 600
 # What spec/ and torch_reference may import of the package: plain Python and numpy only.
 NUMPY_ONLY = ("flax_transformer.spec", "flax_transformer.files", "flax_transformer.lazy")
@@ -51,7 +60,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def library_modules():
-    for path in sorted(PACKAGE.glob("*/*.py")):
+    for path in sorted(PACKAGE.glob("*/**/*.py")):
         if path.name not in ENTRY_POINTS:
             yield path
 
@@ -59,11 +68,23 @@ def library_modules():
 def test_subpackages_import_only_downwards():
     violations = []
     for path in library_modules():
-        room = path.parent.name
+        room = path.relative_to(PACKAGE).parts[0]
         for name in imported_modules(path):
             target = name.split(".")[1]
             if target in ALLOWED and ALLOWED[room] is not None and target not in ALLOWED[room]:
                 violations.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not violations, "imports against the arrows:\n" + "\n".join(violations)
+
+
+def test_sub_rooms_import_only_what_lies_below_them():
+    violations = []
+    for sub_room, allowed in SUB_ROOMS.items():
+        paths = sorted((PACKAGE / sub_room).glob("*.py"))
+        assert paths, f"{sub_room} has no modules"
+        for path in paths:
+            for name in imported_modules(path):
+                if not name.startswith(allowed):
+                    violations.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not violations, "imports against the arrows:\n" + "\n".join(violations)
 
 

@@ -17,7 +17,9 @@ from flax_transformer.hf.checkpoint import (
     read_hf_dir,
     write_hf_dir,
 )
-from flax_transformer.hf.config import SEQ2SEQ_TYPES, hf_to_config, model_kind
+from flax_transformer.hf.config import hf_to_config, model_kind
+from flax_transformer.hf.families import Family, family_for
+from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.kinds import model_for
@@ -44,6 +46,11 @@ class HFModel:
     def model_type(self) -> str:
         return self.hf_config["model_type"]
 
+    @property
+    def family(self) -> Family:
+        """The model's Hugging Face family (hf/families/): its mapping and defaults."""
+        return family_for(self.model_type)
+
     @functools.cached_property
     def tokenizer(self):
         """transformers' AutoTokenizer for the source directory, or None (no tokenizer files,
@@ -51,10 +58,10 @@ class HFModel:
         if self.source is None or not has_tokenizer(self.source):
             return None
         try:
-            from transformers import AutoTokenizer
+            import transformers  # noqa: F401
         except ImportError:
             return None
-        return AutoTokenizer.from_pretrained(str(self.source))
+        return load_pretrained_tokenizer(self.source)
 
     @functools.cached_property
     def _apply(self):
@@ -98,18 +105,12 @@ class HFModel:
         """The decoder inputs transformers makes when none are given: BART prepends
         decoder_start_token_id; mBART moves each row's last real token (its language code) to
         the front. Marian has no such default."""
-        pad = self.hf_config.get("pad_token_id")
-        if self.model_type == "bart":
-            start = self.hf_config.get("decoder_start_token_id")
-            shifted = np.concatenate([np.full_like(input_ids[:, :1], start), input_ids[:, :-1]], 1)
-            return np.where(shifted == -100, pad, shifted)
-        if self.model_type == "mbart":
-            last = (input_ids != pad).sum(axis=1) - 1
-            first = input_ids[np.arange(len(input_ids)), last][:, None]
-            return np.concatenate([first, input_ids[:, :-1]], axis=1)
-        raise ValueError(
-            f"{self.model_type} needs decoder_input_ids (transformers builds none for it)"
-        )
+        family = self.family
+        if family.shift_right is None:
+            raise ValueError(
+                f"{self.model_type} needs decoder_input_ids (transformers builds none for it)"
+            )
+        return family.shift_right(input_ids, self.hf_config)
 
     def generate(self, input_ids, attention_mask=None, **kwargs):
         """Token ids as transformers' generate returns them (see flax_transformer.hf.generation)."""
@@ -171,8 +172,7 @@ def save(model: HFModel, path: str | Path) -> Path:
     if not isinstance(model, HFModel):
         raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
     model_type = model.hf_config.get("model_type")
-    if model_type not in (*SEQ2SEQ_TYPES, "gpt2"):
-        raise ValueError(f"cannot save model_type {model_type!r}")
+    family_for(model_type, where="hf.save")  # UnsupportedConfigError (a ValueError) for others
     state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model_type)
     hf_config = {**model.hf_config, "dtype": model.config.param_dtype}
     return write_hf_dir(path, hf_config, state, model.generation_config, model.source)

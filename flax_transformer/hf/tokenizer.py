@@ -10,6 +10,7 @@ decoder_start_token_id for a seq2seq model; Marian: its pad id) or an LM's begin
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +18,30 @@ from flax_transformer.files.atomic_io import atomic_write_text
 
 HF_TOKENIZER_TYPE = "hf_pretrained"
 HF_TOKENIZER_DIR = "hf_tokenizer"
+
+# (category, message) of the warnings tokenizer loading has shown in this process.
+_SHOWN_WARNINGS: set[tuple[type, str]] = set()
+
+
+def load_pretrained_tokenizer(directory: str | Path):
+    """transformers' AutoTokenizer.from_pretrained(directory), each of its warnings shown once
+    per process. A process loads one tokenizer several times (an import, then the run it
+    wrote; train.py --init-from, then its own run), and MarianTokenizer warns "Recommended: pip
+    install sacremoses." at every load; Python's once-per-place rule does not hold it back,
+    since any warnings.catch_warnings in between (JAX, Orbax, transformers use them) resets it."""
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    for warning in caught:
+        key = (warning.category, str(warning.message))
+        if key not in _SHOWN_WARNINGS:
+            _SHOWN_WARNINGS.add(key)
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    return tokenizer
 
 
 class HFTokenizer:
@@ -55,13 +80,13 @@ class HFTokenizer:
     def load(cls, path: str | Path, description: dict) -> HFTokenizer:
         directory = Path(path).parent / description.get("directory", HF_TOKENIZER_DIR)
         try:
-            from transformers import AutoTokenizer
+            import transformers  # noqa: F401
         except ImportError:
             raise ValueError(
                 f"{path}: this run's tokenizer is a transformers tokenizer; install transformers"
             ) from None
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            tokenizer = load_pretrained_tokenizer(directory)
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"{directory}: cannot load the transformers tokenizer ({err})"

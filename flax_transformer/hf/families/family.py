@@ -1,0 +1,95 @@
+"""What a Hugging Face model family is to this project: one frozen `Family` per family.
+
+Everything the loader (hf/config.py, hf/weights.py), the saver and exporter (hf/model.py,
+hf/run_dir.py), the tokenizer and generation need to know about a family that is not common
+to all of them lives in its Family: the config mapping, the weight names, the switches, the
+defaults. The code that reads a Family never asks which family it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+HFConfig = Mapping[str, Any]  # config.json, as read
+
+
+class UnsupportedConfigError(ValueError):
+    """A Hugging Face config this project cannot express; names every offending option."""
+
+
+def first_id(value) -> int | None:
+    """A token id option that may be a list (eos_token_id): its first entry."""
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedQKV:
+    """One Hugging Face tensor holding query | key | value along its last axis (GPT-2's
+    c_attn), split into the canonical three and concatenated back."""
+
+    hf_template: str  # "transformer.h.{i}.attn.c_attn.{p}"
+    canonical_template: str  # "decoder.layers.{i}.self_attn.{name}.{p}"; name: query|key|value
+    transposed: bool  # the HF weight is stored (in, out) (Conv1D), Linear's is (out, in)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity
+class Family:
+    """One Hugging Face model family: how its config.json, weights and defaults map here."""
+
+    # config.json "model_type" values it reads (the first is its name).
+    model_types: tuple[str, ...]
+    kind: str  # this project's model kind: "seq2seq" | "lm" (spec/kinds.py)
+    # config.json "architectures" whose weights it maps.
+    architectures: tuple[str, ...]
+    # Options a config must give (the others have transformers' defaults).
+    required: tuple[str, ...]
+    # Options with one supported value (often from older transformers versions, still in
+    # config.json files); another value describes a different model: refused.
+    legacy_values: Mapping[str, Any]
+    # transformers' activation when config.json names none.
+    default_activation: str
+    # config_to_switches(hf_config, problems, warnings) -> the TransformerConfig fields of the
+    # family (sizes, switches, special ids); appends what it cannot express to `problems`, and
+    # training-only differences to `warnings`. hf/config.py adds what all families share.
+    config_to_switches: Callable[[HFConfig, list[str], list[str]], dict[str, Any]]
+    # (HF template, canonical template) pairs, read in both directions; {i} a layer index,
+    # {p} weight|bias.
+    weight_renames: tuple[tuple[str, str], ...]
+    # The prefix of the base model's keys (absent when a base model, e.g. MarianModel, was saved).
+    prefix: str
+    # tied_groups(hf_config) -> [[source, *targets], ...]: HF keys holding one tensor when
+    # tie_word_embeddings is true (transformers 5's `_tied_weights_keys`).
+    tied_groups: Callable[[HFConfig], list[list[str]]]
+    # Keys transformers ignores when loading (buffers older versions saved, fairseq leftovers).
+    ignored_keys: re.Pattern | None = None
+    # HF weights stored (in, out) (Conv1D), transposed to Linear's (out, in).
+    transposed_keys: re.Pattern | None = None
+    fused_qkv: FusedQKV | None = None
+    # A (1, V) final_logits_bias buffer after the head (zeros when a file lacks it).
+    final_logits_bias: bool = False
+    # target_vocab(hf_config) -> the decoder's vocabulary size.
+    target_vocab: Callable[[HFConfig], int] = lambda hf: hf["vocab_size"]
+    # Position tables older checkpoints stored though they are constants: checked against the
+    # config's sinusoid and dropped (a trained table is refused).
+    stored_sinusoid_keys: re.Pattern | None = None
+    # shift_right(input_ids, hf_config) -> the decoder inputs transformers builds when none
+    # are given; None: the family builds none (the caller must give them).
+    shift_right: Callable[[np.ndarray, HFConfig], np.ndarray] | None = None
+    # The config.json option holding the position table's length (generation's default
+    # max_length stays within it).
+    max_positions_key: str = "max_position_embeddings"
+
+    @property
+    def name(self) -> str:
+        return self.model_types[0]
+
+    def max_positions(self, hf_config: HFConfig) -> int | None:
+        """The length of the model's position table, as config.json gives it."""
+        return hf_config.get(self.max_positions_key)
