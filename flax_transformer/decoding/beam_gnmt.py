@@ -1,4 +1,4 @@
-"""Beam search in a lax.while_loop, with GNMT's length penalty.
+"""This project's beam search, with GNMT's length penalty: the engine's `GNMTBeam` selector.
 
 Each step ranks the 2K best continuations of the K live beams. A continuation ending in EOS
 joins the finished pool only if it ranks among the first K (so beam 1 is greedy); the K best
@@ -9,13 +9,14 @@ max_new_tokens.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flax_transformer.decoding.cache import Stepper, gather_beams
+from flax_transformer.decoding.cache import gather_beams
+from flax_transformer.decoding.engine import Choice
 from flax_transformer.decoding.inputs import Prompts
 from flax_transformer.decoding.strategies import Beam
 
@@ -38,34 +39,39 @@ class Hypotheses:
     fin_flags: jax.Array  # (B, K) the slot holds a finished hypothesis
 
 
-@struct.dataclass
-class BeamLoop:
-    """The while_loop carry of beam search."""
+@dataclasses.dataclass(frozen=True)
+class GNMTBeam:
+    """The engine's selector for this project's beam search (module docstring): K = strategy.size
+    hypotheses per row. `result`: tokens (B, K, max_new_tokens) and scores (B, K), best first."""
 
-    pos: jax.Array  # () position of `token` in the sequence (prompt included)
-    state: Any  # the stepper's state, (B*K, ...) leaves in beam order
-    token: jax.Array  # (B, K) the last token of each live beam, fed next
-    hyps: Hypotheses
-    done: jax.Array  # (B,) the example's result can no longer change
+    prompts: Prompts
+    strategy: Beam
+    eos_id: jax.Array  # () int32, -1: none
+    max_new_tokens: int
+    pad_id: int
 
+    @property
+    def beams(self) -> int:
+        return self.strategy.size
 
-def beam_search(
-    stepper: Stepper,
-    prompts: Prompts,
-    strategy: Beam,
-    eos_id: jax.Array,
-    *,
-    prefix_len: int,
-    max_new_tokens: int,
-    pad_id: int,
-) -> tuple[jax.Array, jax.Array]:
-    """Tokens (B, K, max_new_tokens) and scores (B, K), best first."""
-    batch = prompts.tokens.shape[0]
-    beams, n_new, alpha = strategy.size, max_new_tokens, strategy.alpha
-    best_possible_penalty = length_penalty(n_new, alpha)  # alpha >= 0: the largest
+    def init(self, batch: int) -> Hypotheses:
+        beams, n_new = self.beams, self.max_new_tokens
+        empty = jnp.full((batch, beams, n_new), self.pad_id, jnp.int32)
+        first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)  # identical beams: keep one
+        return Hypotheses(
+            live_seqs=empty,
+            live_logp=jnp.broadcast_to(first_live, (batch, beams)),
+            fin_seqs=empty,
+            fin_scores=jnp.full((batch, beams), NEG_INF),
+            fin_flags=jnp.zeros((batch, beams), bool),
+        )
 
-    def step(hyps: Hypotheses, pos, logits):
-        """Extend the beams with the token at position `pos`; logits (B*K, V)."""
+    def step(self, hyps: Hypotheses, done, pos, logits) -> Choice:
+        """Extend the beams with the token at position `pos`; logits (B*K, V). Rows already
+        done keep their hypotheses."""
+        prompts, eos_id = self.prompts, self.eos_id
+        batch, beams, n_new = done.shape[0], self.beams, self.max_new_tokens
+        alpha = self.strategy.alpha
         vocab = logits.shape[-1]
         logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, beams, vocab)
         forced = prompts.forced(pos)  # (B,)
@@ -93,47 +99,29 @@ def beam_search(
 
         # Live beams: the K best continuations that did not end.
         live_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_logp), beams)
-        hyps = Hypotheses(gather_beams(top_seqs, keep), live_logp, fin_seqs, fin_scores, fin_flags)
-        done = (new_index >= n_new - 1) | jnp.all(
+        new = Hypotheses(gather_beams(top_seqs, keep), live_logp, fin_seqs, fin_scores, fin_flags)
+        best_possible_penalty = length_penalty(n_new, alpha)  # alpha >= 0: the largest
+        row_done = (new_index >= n_new - 1) | jnp.all(
             fin_flags & (fin_scores > live_logp[:, :1] / best_possible_penalty), axis=1
         )
-        return hyps, gather_beams(token, keep), gather_beams(parent, keep), done
 
-    def freeze(old, new, active):  # examples past their last token keep their results
-        return jax.tree.map(
-            lambda o, n: jnp.where(active.reshape((batch,) + (1,) * (n.ndim - 1)), n, o), old, new
+        def freeze(old, new):  # rows past their last token keep their results
+            return jnp.where(done.reshape((batch,) + (1,) * (new.ndim - 1)), old, new)
+
+        return Choice(
+            carry=jax.tree.map(freeze, hyps, new),
+            token=gather_beams(token, keep),
+            done=done | row_done,
+            parents=gather_beams(parent, keep),
         )
 
-    logits, state = stepper.start(prompts.tokens[:, :prefix_len])
-    logits, state = jnp.repeat(logits, beams, axis=0), state.for_beams(beams)  # (B*K, ...)
-    empty = jnp.full((batch, beams, n_new), pad_id, jnp.int32)
-    first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)  # identical beams: keep one
-    hyps = Hypotheses(
-        live_seqs=empty,
-        live_logp=jnp.broadcast_to(first_live, (batch, beams)),
-        fin_seqs=empty,
-        fin_scores=jnp.full((batch, beams), NEG_INF),
-        fin_flags=jnp.zeros((batch, beams), bool),
-    )
-    pos = jnp.array(prefix_len, jnp.int32)
-    hyps, token, beam_index, done = step(hyps, pos, logits)
-    first = BeamLoop(pos, state.reordered(beam_index), token, hyps, done)
-
-    def body(loop: BeamLoop) -> BeamLoop:
-        pos = loop.pos + 1
-        logits, state = stepper.feed(loop.state, loop.token.reshape(-1), loop.pos)
-        hyps, token, beam_index, done = step(loop.hyps, pos, logits)
-        return BeamLoop(
-            pos=pos,
-            state=state.reordered(beam_index),
-            token=token,
-            hyps=freeze(loop.hyps, hyps, ~loop.done),
-            done=loop.done | done,
+    def result(self, hyps: Hypotheses) -> tuple[jax.Array, jax.Array]:
+        """Rows without K finished hypotheses also rank their live beams (at full length)."""
+        beams = self.beams
+        live_scores = hyps.live_logp / length_penalty(self.max_new_tokens, self.strategy.alpha)
+        live_scores = jnp.where(
+            jnp.all(hyps.fin_flags, axis=1, keepdims=True), NEG_INF, live_scores
         )
-
-    hyps = jax.lax.while_loop(lambda loop: ~jnp.all(loop.done), body, first).hyps
-    # Examples without K finished hypotheses also rank their live beams (at full length).
-    live_scores = hyps.live_logp / best_possible_penalty
-    live_scores = jnp.where(jnp.all(hyps.fin_flags, axis=1, keepdims=True), NEG_INF, live_scores)
-    scores, keep = jax.lax.top_k(jnp.concatenate([hyps.fin_scores, live_scores], axis=1), beams)
-    return gather_beams(jnp.concatenate([hyps.fin_seqs, hyps.live_seqs], axis=1), keep), scores
+        scores, keep = jax.lax.top_k(jnp.concatenate([hyps.fin_scores, live_scores], axis=1), beams)
+        seqs = jnp.concatenate([hyps.fin_seqs, hyps.live_seqs], axis=1)
+        return gather_beams(seqs, keep), scores

@@ -1,5 +1,6 @@
 """Beam search with transformers' own rules (5.x `GenerationMixin._beam_search` and its
-helpers), one lax.while_loop over a KV-cached stepper, K = num_beams beams per row.
+helpers): the engine's `HFBeam` selector (flax_transformer.decoding.engine), K = num_beams beams
+per row, the logits processors plugged in (`HFProcessors`).
 
 transformers' rules, followed step for step (t = index of the new token, 0-based; "length" of
 a hypothesis = its new tokens, EOS included: cur_len + 1 - decoder_prompt_len, the same count
@@ -34,24 +35,23 @@ for encoder-decoder (decoder start excluded) and decoder-only models (prompt exc
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from flax_transformer.decoding.cache import gather_beams
-from flax_transformer.hf.generation_greedy import Rows, write_column
-from flax_transformer.hf.generation_processors import Knobs, ProcessorPlan, process
+from flax_transformer.decoding.engine import Choice
+from flax_transformer.decoding.token_search import History
+from flax_transformer.hf.generation_processors import HFProcessors
+from flax_transformer.hf.generation_rows import Rows, write_column
 
 BIG = 1.0e9  # transformers' "very large negative" score offset (float32 arithmetic)
 
 
 @struct.dataclass
-class BeamLoop:
-    pos: jax.Array  # () the position whose token is chosen next
-    state: Any  # the stepper's state, (B*K, ...) leaves in beam order
-    token: jax.Array  # (B, K) fed next
+class BeamCarry:
     run_seq: jax.Array  # (B, K, L) running beams, transformers' layout
     run_scores: jax.Array  # (B, K) float32
     fin_seq: jax.Array  # (B, K, L) the finished pool, best first
@@ -59,30 +59,47 @@ class BeamLoop:
     fin_flags: jax.Array  # (B, K) bool, the slot holds a finished hypothesis
     fin_len: jax.Array  # (B, K) int32, new tokens of the hypothesis
     can_improve: jax.Array  # (B,) the early-stop heuristic still says "may improve"
-    done: jax.Array  # (B,) the pool can no longer change
 
 
-def beam_search(
-    stepper, rows: Rows, plan: ProcessorPlan, knobs: Knobs, *, beams: int, n_eos: int,
-    n_new: int, prefix_len: int,
-):  # fmt: skip
-    """(pool seq (B, K, max_length), pool lengths (B, K)), best first."""
-    batch, length = rows.seq.shape
-    keep = max(2, 1 + n_eos) * beams
-    tile = lambda x: jnp.repeat(x, beams, axis=0)  # noqa: E731  (B, ...) -> (B*K, ...)
-    pads_k, big = tile(rows.pads), jnp.float32(BIG)
+@dataclasses.dataclass(frozen=True)
+class HFBeam:
+    """`result`: (pool seq (B, K, max_length), pool lengths (B, K)), best first."""
 
-    def step(loop: BeamLoop, logits) -> tuple[BeamLoop, jax.Array]:
-        """Choose the tokens at loop.pos; logits (B*K, V). Returns the loop and beam index."""
-        pos = loop.pos
+    rows: Rows
+    processors: HFProcessors
+    beams: int
+    n_eos: int
+    n_new: int
+
+    def init(self, batch: int) -> BeamCarry:
+        beams, length = self.beams, self.rows.seq.shape[1]
+        seq = jnp.broadcast_to(self.rows.seq[:, None, :], (batch, beams, length))
+        first_scores = jnp.where(jnp.arange(beams) == 0, 0.0, -BIG).astype(jnp.float32)
+        return BeamCarry(
+            run_seq=seq,
+            run_scores=jnp.broadcast_to(first_scores, (batch, beams)),
+            fin_seq=seq,
+            fin_scores=jnp.full((batch, beams), -BIG, jnp.float32),
+            fin_flags=jnp.zeros((batch, beams), bool),
+            fin_len=jnp.zeros((batch, beams), jnp.int32),
+            can_improve=jnp.ones((batch,), bool),
+        )
+
+    def step(self, loop: BeamCarry, done, pos, logits) -> Choice:
+        """Choose the tokens at `pos`; logits (B*K, V)."""
+        rows, knobs, beams, n_new = self.rows, self.processors.knobs, self.beams, self.n_new
+        batch, length = rows.seq.shape
+        keep = max(2, 1 + self.n_eos) * beams
+        tile = lambda x: jnp.repeat(x, beams, axis=0)  # noqa: E731  (B, ...) -> (B*K, ...)
+        big = jnp.float32(BIG)
         forced = rows.forced(pos)  # (B,)
-        active = ~forced & ~loop.done
+        active = ~forced & ~done
         new_index = pos - rows.lengths  # (B,)
         col = pos + rows.pads  # (B,) transformers' cur_len
         vocab = logits.shape[-1]
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         flat_seq = loop.run_seq.reshape(batch * beams, length)
-        logp = process(plan, knobs, logp, flat_seq, tile(col), pads_k)
+        logp = self.processors(logp, History(flat_seq, tile(col), tile(rows.pads)))
         cand = (logp.reshape(batch, beams, vocab) + loop.run_scores[:, :, None]).reshape(batch, -1)
         top_scores, top_index = jax.lax.top_k(cand, keep)  # (B, 2K)
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
@@ -120,8 +137,7 @@ def beam_search(
         worst = jnp.where(fin_flags, jnp.min(fin_scores, axis=1, keepdims=True), -big)
         can_improve = loop.can_improve & jnp.any(best_running[:, None] > worst, axis=1)
         pool_closed = ~can_improve | (jnp.all(fin_flags, axis=1) & knobs.early_stopping)
-        done = new_index >= n_new - 1  # every candidate hit max_length
-        done = done | pool_closed
+        row_done = (new_index >= n_new - 1) | pool_closed  # every candidate hit max_length
 
         def pick(new, old):  # rows that did not choose keep their old values
             where = active.reshape((batch,) + (1,) * (new.ndim - 1))
@@ -129,7 +145,6 @@ def beam_search(
 
         forced_token = jnp.broadcast_to(rows.token_at(pos)[:, None], (batch, beams))
         new = loop.replace(
-            token=jnp.where(forced[:, None], forced_token, run_token),
             run_seq=pick(run_seq, loop.run_seq),
             run_scores=pick(run_scores, loop.run_scores),
             fin_seq=pick(fin_seq, loop.fin_seq),
@@ -137,35 +152,14 @@ def beam_search(
             fin_flags=pick(fin_flags, loop.fin_flags),
             fin_len=pick(fin_len, loop.fin_len),
             can_improve=pick(can_improve, loop.can_improve),
-            done=loop.done | (active & done),
         )
         beam_index = pick(run_parent, jnp.broadcast_to(jnp.arange(beams), (batch, beams)))
-        return new, beam_index
+        return Choice(
+            carry=new,
+            token=jnp.where(forced[:, None], forced_token, run_token),
+            done=done | (active & row_done),
+            parents=beam_index,
+        )
 
-    logits, state = stepper.start(rows.tokens[:, :prefix_len])
-    logits, state = tile(logits), state.for_beams(beams)
-    seq = jnp.broadcast_to(rows.seq[:, None, :], (batch, beams, length))
-    first_scores = jnp.where(jnp.arange(beams) == 0, 0.0, -big).astype(jnp.float32)
-    first = BeamLoop(
-        pos=jnp.array(prefix_len, jnp.int32),
-        state=state,
-        token=jnp.zeros((batch, beams), jnp.int32),
-        run_seq=seq,
-        run_scores=jnp.broadcast_to(first_scores, (batch, beams)),
-        fin_seq=seq,
-        fin_scores=jnp.full((batch, beams), -big, jnp.float32),
-        fin_flags=jnp.zeros((batch, beams), bool),
-        fin_len=jnp.zeros((batch, beams), jnp.int32),
-        can_improve=jnp.ones((batch,), bool),
-        done=jnp.zeros((batch,), bool),
-    )
-    first, beam_index = step(first, logits)
-    first = first.replace(state=first.state.reordered(beam_index))
-
-    def body(loop: BeamLoop) -> BeamLoop:
-        logits, state = stepper.feed(loop.state, loop.token.reshape(-1), loop.pos)
-        loop, beam_index = step(loop.replace(pos=loop.pos + 1, state=state), logits)
-        return loop.replace(state=loop.state.reordered(beam_index))
-
-    last = jax.lax.while_loop(lambda loop: ~jnp.all(loop.done), body, first)
-    return last.fin_seq, last.fin_len
+    def result(self, loop: BeamCarry):
+        return loop.fin_seq, loop.fin_len
