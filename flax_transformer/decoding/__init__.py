@@ -5,7 +5,10 @@
   host-side checks, for traced callers such as jax.export) and the historical one-call
   wrappers (`greedy_decode`, `sample_decode`, `beam_search`, `lm_*`).
 - `inputs`: prompts and sources, checked; `cache`: the KV cache (`init_cache`) and the steppers;
-  `sampling`: the greedy / sampling loop; `beam`: beam search; `cli`: the generate command.
+  `engine`: the one search loop (`run_search`), which runs a stepper with a selector;
+  `token_search`: the one-token-per-row selector (greedy / sampling); `rules`: how a token is
+  chosen (first-maximum argmax, the sampling rule); `beam_gnmt`: beam search with GNMT's length
+  penalty; `cli`: the generate command. `sampling` and `beam` are deprecated shims.
 """
 
 from flax_transformer.lazy import lazy_exports
@@ -26,7 +29,8 @@ _EXPORTS = {
     "Beam": _STRATEGIES,
     "Strategy": _STRATEGIES,
     "init_cache": "flax_transformer.decoding.cache",
-    "length_penalty": "flax_transformer.decoding.beam",
+    "length_penalty": "flax_transformer.decoding.beam_gnmt",
+    "run_search": "flax_transformer.decoding.engine",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -26,11 +26,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.decoding.beam import beam_search as _beam_loop
+from flax_transformer.decoding.beam_gnmt import GNMTBeam
 from flax_transformer.decoding.cache import make_stepper
+from flax_transformer.decoding.engine import run_search
 from flax_transformer.decoding.inputs import Prompts, Source, decoder_inputs
-from flax_transformer.decoding.sampling import greedy_or_sample
 from flax_transformer.decoding.strategies import Beam, Greedy, Sample, Strategy
+from flax_transformer.decoding.token_search import token_selector
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +50,13 @@ def _search(
 ):
     cache_len = prompts.tokens.shape[1] + shape.max_new_tokens - 1  # the last token is not fed
     stepper = make_stepper(model, variables, source, cache_len, shape.use_cache)
-    sizes = dict(
-        prefix_len=shape.prefix_len, max_new_tokens=shape.max_new_tokens, pad_id=shape.pad_id
-    )
     if isinstance(strategy, Beam):
-        return _beam_loop(stepper, prompts, strategy, eos_id, **sizes)
-    return greedy_or_sample(stepper, prompts, strategy, eos_id, rng, **sizes)
+        selector = GNMTBeam(prompts, strategy, eos_id, shape.max_new_tokens, shape.pad_id)
+        return run_search(stepper, prompts, selector, prefix_len=shape.prefix_len)
+    selector = token_selector(
+        prompts, strategy, eos_id, rng, max_new_tokens=shape.max_new_tokens, pad_id=shape.pad_id
+    )
+    return run_search(stepper, prompts, selector, prefix_len=shape.prefix_len)[0]
 
 
 def search(

@@ -1,139 +1,31 @@
-"""Beam search in a lax.while_loop, with GNMT's length penalty.
-
-Each step ranks the 2K best continuations of the K live beams. A continuation ending in EOS
-joins the finished pool only if it ranks among the first K (so beam 1 is greedy); the K best
-others stay live. An example is done when its K finished hypotheses all score above the best
-score a live beam could still reach; the loop stops when every example is done or has produced
-max_new_tokens.
-"""
+"""Deprecated: beam search is the decoding engine's `GNMTBeam` selector
+(decoding/beam_gnmt.py, run by decoding/engine.py). Every old name still works, with a
+DeprecationWarning naming its new home."""
 
 from __future__ import annotations
 
-from typing import Any
+from flax_transformer.decoding.moved import moved, warn_moved
 
-import jax
-import jax.numpy as jnp
-from flax import struct
-
-from flax_transformer.decoding.cache import Stepper, gather_beams
-from flax_transformer.decoding.inputs import Prompts
-from flax_transformer.decoding.strategies import Beam
-
-NEG_INF = -jnp.inf
-
-
-def length_penalty(length: jax.Array, alpha: float | jax.Array) -> jax.Array:
-    """GNMT's ((5 + length) / 6) ** alpha; scores are log-probabilities divided by it."""
-    return ((5.0 + jnp.asarray(length).astype(jnp.float32)) / 6.0) ** alpha
+__getattr__, __dir__ = moved(
+    __name__,
+    {
+        "NEG_INF": "flax_transformer.decoding.rules:NEG_INF",
+        "length_penalty": "flax_transformer.decoding.beam_gnmt:length_penalty",
+        "Hypotheses": "flax_transformer.decoding.beam_gnmt:Hypotheses",
+        "BeamLoop": "flax_transformer.decoding.engine:SearchState",
+    },
+)
 
 
-@struct.dataclass
-class Hypotheses:
-    """Per example, K live beams and the K best finished hypotheses (sequences of new tokens)."""
+def beam_search(stepper, prompts, strategy, eos_id, *, prefix_len, max_new_tokens, pad_id):
+    """Tokens (B, K, max_new_tokens) and scores (B, K), best first: one run of the engine."""
+    from flax_transformer.decoding.beam_gnmt import GNMTBeam
+    from flax_transformer.decoding.engine import run_search
 
-    live_seqs: jax.Array  # (B, K, N) int32
-    live_logp: jax.Array  # (B, K) log-probability so far, -inf for an unused beam
-    fin_seqs: jax.Array  # (B, K, N) int32
-    fin_scores: jax.Array  # (B, K) length-normalised, best first; -inf while empty
-    fin_flags: jax.Array  # (B, K) the slot holds a finished hypothesis
-
-
-@struct.dataclass
-class BeamLoop:
-    """The while_loop carry of beam search."""
-
-    pos: jax.Array  # () position of `token` in the sequence (prompt included)
-    state: Any  # the stepper's state, (B*K, ...) leaves in beam order
-    token: jax.Array  # (B, K) the last token of each live beam, fed next
-    hyps: Hypotheses
-    done: jax.Array  # (B,) the example's result can no longer change
-
-
-def beam_search(
-    stepper: Stepper,
-    prompts: Prompts,
-    strategy: Beam,
-    eos_id: jax.Array,
-    *,
-    prefix_len: int,
-    max_new_tokens: int,
-    pad_id: int,
-) -> tuple[jax.Array, jax.Array]:
-    """Tokens (B, K, max_new_tokens) and scores (B, K), best first."""
-    batch = prompts.tokens.shape[0]
-    beams, n_new, alpha = strategy.size, max_new_tokens, strategy.alpha
-    best_possible_penalty = length_penalty(n_new, alpha)  # alpha >= 0: the largest
-
-    def step(hyps: Hypotheses, pos, logits):
-        """Extend the beams with the token at position `pos`; logits (B*K, V)."""
-        vocab = logits.shape[-1]
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, beams, vocab)
-        forced = prompts.forced(pos)  # (B,)
-        forced_only = jnp.where(
-            jnp.arange(vocab) == prompts.token_at(pos)[:, None, None], 0.0, NEG_INF
-        )
-        logp = jnp.where(forced[:, None, None], forced_only, logp)
-        candidates = (hyps.live_logp[:, :, None] + logp).reshape(batch, beams * vocab)
-        top_logp, top_index = jax.lax.top_k(candidates, 2 * beams)  # (B, 2K)
-        parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
-        new_index = pos - prompts.lengths  # (B,)
-        writes = jnp.arange(n_new)[None, None, :] == new_index[:, None, None]
-        top_seqs = jnp.where(writes, token[:, :, None], gather_beams(hyps.live_seqs, parent))
-        is_eos = (token == eos_id) & ~forced[:, None]  # (B, 2K)
-        active = (new_index >= 0) & (new_index < n_new)  # (B,) not forced, not past the end
-
-        # Finished pool: EOS continuations ranked among the first K, length-normalised.
-        accept = is_eos & (jnp.arange(2 * beams) < beams)[None] & active[:, None]
-        new_scores = top_logp / length_penalty(new_index + 1, alpha)[:, None]
-        pool_scores = jnp.concatenate([hyps.fin_scores, jnp.where(accept, new_scores, NEG_INF)], 1)
-        pool_seqs = jnp.concatenate([hyps.fin_seqs, top_seqs], axis=1)  # (B, 3K, N)
-        pool_flags = jnp.concatenate([hyps.fin_flags, accept], axis=1)
-        fin_scores, keep = jax.lax.top_k(pool_scores, beams)
-        fin_seqs, fin_flags = gather_beams(pool_seqs, keep), gather_beams(pool_flags, keep)
-
-        # Live beams: the K best continuations that did not end.
-        live_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_logp), beams)
-        hyps = Hypotheses(gather_beams(top_seqs, keep), live_logp, fin_seqs, fin_scores, fin_flags)
-        done = (new_index >= n_new - 1) | jnp.all(
-            fin_flags & (fin_scores > live_logp[:, :1] / best_possible_penalty), axis=1
-        )
-        return hyps, gather_beams(token, keep), gather_beams(parent, keep), done
-
-    def freeze(old, new, active):  # examples past their last token keep their results
-        return jax.tree.map(
-            lambda o, n: jnp.where(active.reshape((batch,) + (1,) * (n.ndim - 1)), n, o), old, new
-        )
-
-    logits, state = stepper.start(prompts.tokens[:, :prefix_len])
-    logits, state = jnp.repeat(logits, beams, axis=0), state.for_beams(beams)  # (B*K, ...)
-    empty = jnp.full((batch, beams, n_new), pad_id, jnp.int32)
-    first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)  # identical beams: keep one
-    hyps = Hypotheses(
-        live_seqs=empty,
-        live_logp=jnp.broadcast_to(first_live, (batch, beams)),
-        fin_seqs=empty,
-        fin_scores=jnp.full((batch, beams), NEG_INF),
-        fin_flags=jnp.zeros((batch, beams), bool),
+    warn_moved(
+        f"{__name__}.beam_search",
+        "flax_transformer.decoding.engine.run_search with "
+        "flax_transformer.decoding.beam_gnmt.GNMTBeam",
     )
-    pos = jnp.array(prefix_len, jnp.int32)
-    hyps, token, beam_index, done = step(hyps, pos, logits)
-    first = BeamLoop(pos, state.reordered(beam_index), token, hyps, done)
-
-    def body(loop: BeamLoop) -> BeamLoop:
-        pos = loop.pos + 1
-        logits, state = stepper.feed(loop.state, loop.token.reshape(-1), loop.pos)
-        hyps, token, beam_index, done = step(loop.hyps, pos, logits)
-        return BeamLoop(
-            pos=pos,
-            state=state.reordered(beam_index),
-            token=token,
-            hyps=freeze(loop.hyps, hyps, ~loop.done),
-            done=loop.done | done,
-        )
-
-    hyps = jax.lax.while_loop(lambda loop: ~jnp.all(loop.done), body, first).hyps
-    # Examples without K finished hypotheses also rank their live beams (at full length).
-    live_scores = hyps.live_logp / best_possible_penalty
-    live_scores = jnp.where(jnp.all(hyps.fin_flags, axis=1, keepdims=True), NEG_INF, live_scores)
-    scores, keep = jax.lax.top_k(jnp.concatenate([hyps.fin_scores, live_scores], axis=1), beams)
-    return gather_beams(jnp.concatenate([hyps.fin_seqs, hyps.live_seqs], axis=1), keep), scores
+    selector = GNMTBeam(prompts, strategy, eos_id, max_new_tokens, pad_id)
+    return run_search(stepper, prompts, selector, prefix_len=prefix_len)

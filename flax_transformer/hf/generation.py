@@ -5,15 +5,17 @@
 Arguments and defaults are transformers' (generation_options.py: generation_config.json and
 config.json honoured as transformers honours them); greedy search, sampling (do_sample with
 temperature / top_k / top_p; JAX's random numbers, so not the same draws as torch) and beam
-search (generation_beam.py). The result has transformers' layout, numpy int64:
+search (hf/beam_selector.py), each a selector of the package's one decoding engine
+(flax_transformer.decoding.engine) with transformers' logits processors plugged in as a rule
+(generation_processors.py). The result has transformers' layout, numpy int64:
 - seq2seq (marian, bart): (B * num_return_sequences, 1 + new) rows starting with the decoder
   start token;
 - decoder-only (gpt2): (B * num_return_sequences, P + new), the (left-padded) prompt as given,
   then the continuation;
 finished rows filled with pad_token_id, the width that of the longest row.
 
-One jitted function runs the whole search (lax.while_loop, KV cache, the encoder once, the
-cross-attention keys/values projected once). Compile-time constants: the model, the input
+One jitted function runs the whole search (the engine's lax.while_loop, KV cache, the encoder
+once, the cross-attention keys/values projected once). Compile-time constants: the model, the input
 shapes, the number of new tokens, num_beams, num_return_sequences and which processors are on;
 every number they use (length_penalty, temperature, penalties, token ids in masks) is traced,
 so changing it does not recompile.
@@ -30,11 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.decoding.cache import make_stepper
+from flax_transformer.decoding.engine import run_search
 from flax_transformer.decoding.inputs import Source
-from flax_transformer.hf.generation_beam import beam_search
-from flax_transformer.hf.generation_greedy import Rows, greedy_search
+from flax_transformer.decoding.rules import ChooseGreedy
+from flax_transformer.decoding.token_search import TokenSelector
+from flax_transformer.hf.beam_selector import HFBeam
 from flax_transformer.hf.generation_options import Options, resolve
-from flax_transformer.hf.generation_processors import plan_and_knobs
+from flax_transformer.hf.generation_processors import HFProcessors, plan_and_knobs, sampling_rule
+from flax_transformer.hf.generation_rows import Rows
 from flax_transformer.nn.token_ids import check_token_ids
 
 
@@ -55,14 +60,37 @@ def _run(model, variables, rows: Rows, source: Source | None, knobs, rng, search
     cache_len = rows.tokens.shape[1] + search.n_new - 1  # the last token is not fed
     stepper = make_stepper(model, variables, source, cache_len, True)
     if search.beams > 1:
-        return beam_search(
-            stepper, rows, search.plan, knobs, beams=search.beams, n_eos=search.n_eos,
-            n_new=search.n_new, prefix_len=search.prefix_len,
+        selector = HFBeam(
+            rows,
+            HFProcessors(search.plan, knobs),
+            beams=search.beams,
+            n_eos=search.n_eos,
+            n_new=search.n_new,
+        )
+    else:
+        selector = token_selector(
+            rows, search.plan, knobs, rng, n_new=search.n_new, sample=search.sample,
+            has_eos=search.n_eos > 0,
         )  # fmt: skip
-    return greedy_search(
-        stepper, rows, search.plan, knobs, rng, n_new=search.n_new,
-        prefix_len=search.prefix_len, sample=search.sample, has_eos=search.n_eos > 0,
-    )  # fmt: skip
+    return run_search(stepper, rows, selector, prefix_len=search.prefix_len)
+
+
+def token_selector(rows: Rows, plan, knobs, rng, *, n_new: int, sample: bool, has_eos: bool):
+    """Greedy search or sampling with transformers' rules: the engine's TokenSelector writing
+    transformers' layout (rows.seq, the prompt left-padded); result (seq (B, max_length),
+    steps (B,)), transformers' output being seq[:, :P + max(steps)]."""
+    return TokenSelector(
+        prompts=rows,
+        buffer=rows.seq,
+        offset=rows.pads,  # transformers' layout: the prompt left-padded
+        choose=sampling_rule(plan, knobs) if sample else ChooseGreedy(),
+        eos=knobs.eos_tokens,
+        pad=knobs.pad_id,
+        n_new=n_new,
+        rng=rng,
+        processors=HFProcessors(plan, knobs),
+        has_eos=has_eos,
+    )
 
 
 def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, **kwargs):

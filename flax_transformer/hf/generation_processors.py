@@ -17,19 +17,22 @@ Order and rules, as transformers 5.x applies them:
 5. forced_bos_token_id: at cur_len == 1 every other token is -inf, that one 0.
 6. forced_eos_token_id: at cur_len == max_length - 1 every other token is -inf, EOS 0.
 Sampling only (greedy and beam search never apply them): temperature (if != 1), top_k (if
-!= 0; the k-th best score and everything equal to it stays), top_p (if < 1: sorted ascending,
-tokens whose cumulative probability is <= 1 - top_p go, the best one always stays).
+!= 0; the k-th best score and everything equal to it stays), top_p (if < 1): these are the
+decoding engine's one sampling rule (`sampling_rule`, decoding.rules.ChooseSample), whose top-p
+keeps every token tied with the least likely kept one (transformers may drop one of a tie).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from flax_transformer.decoding.rules import ChooseSample
 from flax_transformer.hf.generation_options import Options
 
 NEG_INF = -jnp.inf
@@ -64,7 +67,7 @@ class Knobs:
     max_length: jax.Array  # () int32
     temperature: jax.Array  # () float32
     top_k: jax.Array  # () int32
-    top_p_cut: jax.Array  # () float32: 1 - top_p, as transformers compares
+    top_p: jax.Array  # () float32
     length_penalties: jax.Array  # (N + 2,) float32: n ** length_penalty for n = 0..N+1
     early_stopping: jax.Array  # () bool: early_stopping is True
     optimistic_length: jax.Array  # () bool: "never" with length_penalty > 0 (beam.py)
@@ -105,7 +108,7 @@ def plan_and_knobs(opts: Options, vocab: int) -> tuple[ProcessorPlan, Knobs]:
         max_length=np.int32(opts.max_length),
         temperature=np.float32(opts.temperature),
         top_k=np.int32(min(max(opts.top_k, 1), vocab)),
-        top_p_cut=np.float32(1.0 - opts.top_p),
+        top_p=np.float32(opts.top_p),
         length_penalties=np.asarray(penalties, np.float32),
         early_stopping=np.bool_(opts.early_stopping is True),
         optimistic_length=np.bool_(opts.early_stopping == "never" and opts.length_penalty > 0),
@@ -182,21 +185,40 @@ def process(plan: ProcessorPlan, knobs: Knobs, scores, seq, cur_len, ignore_befo
     return scores.astype(jnp.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class HFProcessors:
+    """The processors as one rule of the decoding engine: `rule(scores (R, V), history)`, the
+    history (decoding.token_search.History) in transformers' layout (offset = left padding)."""
+
+    plan: ProcessorPlan
+    knobs: Knobs
+
+    def __call__(self, scores, history):
+        return process(self.plan, self.knobs, scores, history.seq, history.cur_len, history.offset)
+
+
+def sampling_rule(plan: ProcessorPlan, knobs: Knobs):
+    """transformers' sampling warpers (temperature, top-k, top-p) as the engine's one sampling
+    rule (decoding.rules.ChooseSample: see there for the top-p tie rule); the filters the plan
+    leaves off are not compiled."""
+    return ChooseSample(
+        temperature=knobs.temperature,  # dividing by 1 (plan.temperature off) is exact
+        top_k=knobs.top_k,
+        top_p=knobs.top_p,
+        use_top_k=plan.top_k,
+        use_top_p=plan.top_p,
+    )
+
+
 def warp(plan: ProcessorPlan, knobs: Knobs, scores):
-    """The sampling warpers: temperature, top-k, top-p (min_tokens_to_keep 1)."""
-    if plan.temperature:
-        scores = scores / knobs.temperature
-    if plan.top_k:
-        ranked = jnp.sort(scores, axis=-1)[:, ::-1]
-        kth = jax.lax.dynamic_index_in_dim(ranked, knobs.top_k - 1, axis=1)  # (R, 1)
-        scores = jnp.where(scores < kth, NEG_INF, scores)
-    if plan.top_p:
-        order = jnp.argsort(scores, axis=-1)  # ascending, as transformers sorts
-        ascending = jnp.take_along_axis(scores, order, axis=-1)
-        cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
-        remove = cumulative <= knobs.top_p_cut
-        remove = remove.at[:, -1].set(False)  # the best token always stays
-        rows = jnp.arange(scores.shape[0])[:, None]
-        remove = jnp.zeros_like(remove).at[rows, order].set(remove)
-        scores = jnp.where(remove, NEG_INF, scores)
-    return scores
+    """Deprecated: the sampling warpers are `sampling_rule(plan, knobs)` (the engine's
+    decoding.rules.ChooseSample); this returns its filtered float32 scores."""
+    warnings.warn(
+        "flax_transformer.hf.generation_processors.warp is deprecated: use "
+        "flax_transformer.hf.generation_processors.sampling_rule (decoding.rules.ChooseSample)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    rule = sampling_rule(plan, knobs)
+    scores = scores.astype(jnp.float32) / rule.temperature
+    return rule.filtered(scores)

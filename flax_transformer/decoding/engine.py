@@ -1,0 +1,88 @@
+"""The decoding engine: the package's one `lax.while_loop` search, for every model and rule.
+
+    out = run_search(stepper, prompts, selector, prefix_len=m)
+
+Three parts plug in:
+- a *stepper* (`decoding.cache`): `start(prefix (B, m))` -> logits after the prefix (B, V) and
+  the model's state; `feed(state, token (R,), pos)` -> the logits after `token` (R, V). Any
+  model family that has a stepper decodes here (the KV-cached one, or the recomputing one).
+- the *prompts*: anything with `tokens` (B, P), `forced(pos)` and `token_at(pos)`
+  (`decoding.inputs.Prompts`, `hf.generation_rows.Rows`); the first `prefix_len` tokens are
+  prefilled in one call, a longer prompt's later tokens are forced one per step by the selector.
+- a *selector*: the search shape and its rules, which owns its part of the loop carry:
+  `beams` (hypotheses fed per row: 1 for one token per row, K for beam search), `init(batch)`
+  -> its carry, `step(carry, done (B,), pos, logits (B*beams, V))` -> `Choice`, and
+  `result(carry)` -> the search's output. `decoding.token_search.TokenSelector` (greedy /
+  sampling, with logits processors and an end rule), `decoding.beam_gnmt.GNMTBeam` and
+  `hf.beam_selector.HFBeam` are the selectors of the package.
+
+The loop: prefill, choose at position prefix_len; then feed the chosen token of position pos,
+choose at pos + 1, and reorder the model state by the chosen beams' parents, until every row is
+done (the selector says when a row is done: EOS, length, or its hypotheses can no longer
+change).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Choice:
+    """What a selector decided at one position."""
+
+    carry: Any  # the selector's own carry
+    token: jax.Array  # (B,) or (B, K): fed to the model next
+    done: jax.Array  # (B,) the row's output can no longer change
+    parents: jax.Array | None  # (B, K) each beam's parent within its row; None: no reorder
+
+
+class Selector(Protocol):
+    beams: int  # hypotheses the model runs per row (1: one token per row)
+
+    def init(self, batch: int) -> Any: ...
+
+    def step(self, carry: Any, done: jax.Array, pos: jax.Array, logits: jax.Array) -> Choice: ...
+
+    def result(self, carry: Any) -> Any: ...
+
+
+@struct.dataclass
+class SearchState:
+    """The while_loop carry of every search."""
+
+    pos: jax.Array  # () position of the token chosen last (prompt included)
+    model: Any  # the stepper's state, (B * beams, ...) leaves in beam order
+    token: jax.Array  # (B,) or (B, K) the tokens chosen or forced at `pos`, fed next
+    rule: Any  # the selector's carry
+    done: jax.Array  # (B,)
+
+
+def _after(state: SearchState, pos, model_state, choice: Choice) -> SearchState:
+    if choice.parents is not None:  # every beam's model state follows its parent
+        model_state = model_state.reordered(choice.parents)
+    return SearchState(pos, model_state, choice.token, choice.carry, choice.done)
+
+
+def run_search(stepper, prompts, selector: Selector, *, prefix_len: int):
+    """The search's output (`selector.result`); prefix_len prompt tokens are prefilled at once."""
+    batch = prompts.tokens.shape[0]
+    logits, model_state = stepper.start(prompts.tokens[:, :prefix_len])  # (B, V)
+    if selector.beams > 1:  # (B * K, ...) beams of a row are adjacent
+        logits = jnp.repeat(logits, selector.beams, axis=0)
+        model_state = model_state.for_beams(selector.beams)
+    pos = jnp.array(prefix_len, jnp.int32)
+    not_done = jnp.zeros((batch,), bool)
+    choice = selector.step(selector.init(batch), not_done, pos, logits)
+    first = _after(None, pos, model_state, choice)
+
+    def body(state: SearchState) -> SearchState:
+        logits, model_state = stepper.feed(state.model, state.token.reshape(-1), state.pos)
+        pos = state.pos + 1
+        return _after(state, pos, model_state, selector.step(state.rule, state.done, pos, logits))
+
+    return selector.result(jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, first).rule)
