@@ -23,9 +23,7 @@ BROKEN_KEY = "decoder.layers.1.ffn.linear1.weight"
 
 def torch_state(config=CONFIG, kind="seq2seq", seed=0):
     torch.manual_seed(seed)
-    model_cls = (
-        torch_reference.Transformer if kind == "seq2seq" else torch_reference.TransformerLM
-    )
+    model_cls = torch_reference.Transformer if kind == "seq2seq" else torch_reference.TransformerLM
     return torch_reference.state_dict_to_numpy(model_cls(config))
 
 

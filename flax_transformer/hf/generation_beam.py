@@ -4,9 +4,9 @@ with a DeprecationWarning naming its new home."""
 
 from __future__ import annotations
 
-from flax_transformer.decoding.moved import moved, warn_moved
+from flax_transformer.lazy import moved_names, warn_moved
 
-__getattr__, __dir__ = moved(
+__getattr__, __dir__ = moved_names(
     __name__,
     {
         "BIG": "flax_transformer.hf.beam_selector:BIG",

@@ -5,9 +5,9 @@ new home."""
 
 from __future__ import annotations
 
-from flax_transformer.decoding.moved import moved, warn_moved
+from flax_transformer.lazy import moved_names, warn_moved
 
-__getattr__, __dir__ = moved(
+__getattr__, __dir__ = moved_names(
     __name__,
     {
         "Rows": "flax_transformer.hf.generation_rows:Rows",
