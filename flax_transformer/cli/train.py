@@ -14,6 +14,7 @@ train.py, `ftx train`, `python -m flax_transformer.train`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -229,25 +230,21 @@ def warmup_chosen(argv, args) -> bool:
     return not args.resume and (on_line or from_file)
 
 
-class float64_if:
+@contextlib.contextmanager
+def float64_if(wanted: bool):
     """jax_enable_x64 on for a float64 run (before its first array), back as it was after, so
     that `main` called in a process that goes on (tests, notebooks) leaves JAX as it found it."""
+    if not wanted:
+        yield
+        return
+    import jax
 
-    def __init__(self, wanted: bool):
-        self.wanted, self.before = wanted, None
-
-    def __enter__(self):
-        if self.wanted:
-            import jax
-
-            self.before = jax.config.jax_enable_x64
-            jax.config.update("jax_enable_x64", True)
-
-    def __exit__(self, *exc):
-        if self.wanted and not self.before:
-            import jax
-
-            jax.config.update("jax_enable_x64", False)
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
 
 
 def join_processes(options, args) -> None:
