@@ -145,3 +145,22 @@ def test_fine_tune_with_init_from_then_export_to_transformers(imported, tmp_path
         jax.tree.leaves(exported.variables), jax.tree.leaves(tuned.params), strict=True
     ):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_import_fine_tunes_in_bfloat16_and_exports(imported, tmp_path):
+    """--init-from an imported model with --dtype bfloat16: bf16 compute on the float32
+    weights, and the run still exports (its dtype is the run's, not the model's)."""
+    _, run_dir = imported
+    lines = ["a b\tb a", "w3 a\ta w3", "b b a\ta b b", "a w3 b\tb w3 a"] * 4
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    seen = []
+    argv = ["--init-from", run_dir, "--train-tsv", tmp_path / "train.tsv", "--dtype", "bfloat16",
+            "--workdir", tmp_path / "bf16", "--steps", 2, "--batch-size", 4, "--warmup", 1,
+            "--eval-every", 2, "--save-every", 2]  # fmt: skip
+    assert train.main([str(a) for a in argv], hooks=[seen.append]) == 0
+    assert {str(p.dtype) for p in jax.tree.leaves(seen[-1].state.params)} == {"float32"}
+    tuned = load_run(tmp_path / "bf16")
+    assert (tuned.config.dtype, tuned.config.param_dtype) == ("bfloat16", "float32")
+    assert tuned.config.replace(dtype="float32") == load_run(run_dir).config
+    assert hf_main(["export", str(tmp_path / "bf16"), str(tmp_path / "out")]) == 0
+    assert hf.load(tmp_path / "out").config.dtype == "float32"

@@ -31,8 +31,9 @@ ALLOWED = {
     "cli": None,
 }
 # Entry points sit above all rooms and may import anything: the CLIs, and hf/run_dir.py (a
-# Hugging Face directory made a run directory and back, for the `hf` command).
-ENTRY_POINTS = {"cli.py", "__main__.py", "run_dir.py"}
+# Hugging Face directory made a run directory and back, for the `hf` command). training/run_dir.py
+# (the run directory's layout) is a library module like any other.
+ENTRY_POINTS = {"cli.py", "__main__.py", "hf/run_dir.py"}
 # Rooms within a room: what their modules may import of the package (the bottom of their room).
 # hf/families/: the Hugging Face family registry that the rest of hf/ reads, never the reverse.
 SUB_ROOMS = {
@@ -61,7 +62,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def library_modules():
     for path in sorted(PACKAGE.glob("*/**/*.py")):
-        if path.name not in ENTRY_POINTS:
+        if not {path.name, f"{path.parent.name}/{path.name}"} & ENTRY_POINTS:
             yield path
 
 

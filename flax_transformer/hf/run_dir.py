@@ -6,31 +6,32 @@ fine-tune with `train.py --init-from`, there is nothing to --resume), and the Hu
 config and generation config (hf_config.json, hf_generation_config.json), which run.json lists
 under "carry" so that a run started with --init-from keeps them for the export.
 export: the chosen checkpoint of such a run (or of one fine-tuned from it) through hf.save.
+Every file of the run directory is named and written by training/run_dir.py.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.hf.checkpoint import read_json
 from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
 from flax_transformer.hf.tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.spec.config import config_diff
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.training import run_dir as layout
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import load_run
+from flax_transformer.training.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
 from flax_transformer.training.state import TrainState
 
-HF_CONFIG, HF_GENERATION_CONFIG = "hf_config.json", "hf_generation_config.json"
-# Fields a run may change without changing the model it exports.
-EXPORT_IGNORES = ("attention_impl", "remat")
+# Fields a run may change without changing the model it exports (dtype: a run fine-tuned with
+# --dtype bfloat16 computes in bf16 on the same float32 parameters).
+EXPORT_IGNORES = ("attention_impl", "remat", "dtype")
 
 
 def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
@@ -51,7 +52,7 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
         what = "bos_token_id" if kind == LM else "decoder_start_token_id"
         raise ValueError(f"{hf_dir}/config.json: a run needs {what} and eos_token_id")
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.json")
+    layout.write_config(run_dir, cfg)
     tokenizer = HFTokenizer(
         model.tokenizer,
         pad_id=cfg.pad_id,
@@ -59,17 +60,17 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
         eos_id=cfg.eos_id,
         vocab_size=cfg.tgt_vocab_size,
     )
-    tokenizer.save(run_dir / "tokenizer.json")
+    layout.write_tokenizer(run_dir, tokenizer)
     carry = [HF_CONFIG]
-    atomic_write_text(run_dir / HF_CONFIG, json.dumps(model.hf_config, indent=2) + "\n")
+    layout.write_carry_json(run_dir, HF_CONFIG, model.hf_config)
     if model.generation_config:
         carry.append(HF_GENERATION_CONFIG)
-        text = json.dumps(model.generation_config, indent=2) + "\n"
-        atomic_write_text(run_dir / HF_GENERATION_CONFIG, text)
-    run_info = {"model": kind, "tokenizer": tokenizer.kind, "args": {}, "carry": carry}
-    run_info["imported_from"] = str(hf_dir)
-    atomic_write_text(run_dir / "run.json", json.dumps(run_info, indent=2) + "\n")
-    checkpointer = Checkpointer(run_dir / "checkpoints")
+        layout.write_carry_json(run_dir, HF_GENERATION_CONFIG, model.generation_config)
+    layout.write_run_json(
+        run_dir, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
+        imported_from=str(hf_dir),
+    )  # fmt: skip
+    checkpointer = Checkpointer(run_dir / layout.CHECKPOINTS)
     try:
         state = TrainState(
             step=jnp.array(0, jnp.int32),

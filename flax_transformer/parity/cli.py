@@ -37,8 +37,9 @@ from flax_transformer.parity.inputs import (
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.validate import SEED, Float, Int
+from flax_transformer.training import run_dir
 
-WORKDIR_WEIGHTS = ("flax_params.safetensors", "torch_model.safetensors")
+WORKDIR_WEIGHTS = (run_dir.FLAX_WEIGHTS, run_dir.TORCH_WEIGHTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +59,13 @@ def load_source(
     """A weight file of either framework, or a train.py workdir, as Flax params."""
     path = Path(path)
     if path.is_dir():
-        tokenizer = path / "tokenizer.json"
+        tokenizer = path / run_dir.TOKENIZER
         tokenizer = tokenizer if tokenizer.exists() else None
         for name in WORKDIR_WEIGHTS:
             if (path / name).exists():
                 params, config, model = load_flax_params(path / name, config, model)
                 return WeightSource(str(path / name), params, config, model, tokenizer)
-        if (path / "checkpoints").is_dir() and (path / "config.json").exists():
+        if (path / run_dir.CHECKPOINTS).is_dir() and (path / run_dir.CONFIG).exists():
             # A run still going (or stopped early): its latest Orbax checkpoint.
             from flax_transformer.training.run import load_run
 

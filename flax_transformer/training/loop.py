@@ -2,16 +2,19 @@
 
 `run_training(job, hooks=...)` trains (or resumes) one run in `job.workdir` and returns
 results.json's content; step hooks (hooks.py) see every step and evaluation and may stop the
-run. The workdir already holds config.json, run.json and tokenizer.json (train.py writes them);
-this module adds checkpoints/ (and checkpoints_best/ with --keep-best), metrics.jsonl and the
-same metrics as TensorBoard events in tensorboard/, the PNGs, results.json, the exported weights
-(flax_params.safetensors, torch_model.safetensors) and, with --profile-steps, profile/.
+run. The workdir already holds config.json, run.json and tokenizer.json (the training CLI
+writes them, and results.json from what this returns); this module adds checkpoints/ (and
+checkpoints_best/ with --keep-best), metrics.jsonl and the same metrics as TensorBoard events in
+tensorboard/, the PNGs, the exported weights and, with --profile-steps, profile/. Every name is
+training/run_dir.py's.
+
+Progress: a tqdm bar on a terminal; where stderr is a file or a pipe (a log), a plain line per
+logged step instead (no carriage returns or escape codes in the log).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -26,10 +29,10 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.training import run_dir
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointWriteError
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
@@ -45,6 +48,7 @@ from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_curves
 from flax_transformer.training.profiling import StepProfiler, parse_step_range
 from flax_transformer.training.run import init_params_from
+from flax_transformer.training.run_dir import read_metrics, truncate_metrics  # noqa: F401
 from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
@@ -68,18 +72,6 @@ class Job:
 
 
 # ----------------------------------------------------------------------------- metrics file
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """On resume, forget records written after the checkpoint by the interrupted run."""
-    kept = [r for r in read_metrics(path) if r["step"] <= last_step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
 class MetricsLog:
     """metrics.jsonl, and the same records as TensorBoard scalars when `tensorboard` is given."""
 
@@ -89,8 +81,7 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if self.path is None:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        run_dir.append_metrics(self.path, record)
         if self.tensorboard is not None:
             self.tensorboard.write(record)
 
@@ -114,7 +105,7 @@ def best_tracking(opt: TrainOptions, workdir: Path, checkpointer: Checkpointer, 
     if not opt.keep_best:
         return tracker, None
     # Orbax keeps everything here; prune_best deletes what the tracker no longer needs.
-    best = Checkpointer(workdir / "checkpoints_best", keep=None)
+    best = Checkpointer(workdir / run_dir.CHECKPOINTS_BEST, keep=None)
     for step in best.steps():
         if step > resumed_at:
             best.delete(step)
@@ -138,18 +129,18 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     model = model_for(cfg, job.model_kind)
     schedule = make_schedule(opt.schedule, opt.lr, opt.warmup, opt.steps)
     optimizer = make_optimizer(schedule, weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
-    checkpointer = Checkpointer(workdir / "checkpoints", keep=opt.keep_checkpoints)
+    checkpointer = Checkpointer(workdir / run_dir.CHECKPOINTS, keep=opt.keep_checkpoints)
     # Several processes: one mesh over all their devices, and each builds only its rows of
     # every batch; process 0 alone writes the run's files (metrics, events, pictures, ...).
     mesh = make_mesh(opt.mesh) if opt.mesh else None
     multi_process, primary = jax.process_count() > 1, is_primary()
     rows = local_batch_rows(mesh, opt.batch_size) if multi_process else None
     loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows)
-    metrics_path = workdir / "metrics.jsonl"
+    metrics_path = run_dir.metrics_path(workdir)
     resumed_at = 0
     if job.resume:
         abstract = jax.eval_shape(lambda: create_train_state(model, optimizer, opt.seed))
-        set_aside = workdir / "checkpoints_unrestorable"
+        set_aside = workdir / run_dir.CHECKPOINTS_UNRESTORABLE
         state, loader_state, skipped = checkpointer.restore_newest(abstract, set_aside)
         for step, why in skipped:
             print(
@@ -165,16 +156,16 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         init = init_params_from(opt.init_from, cfg, job.model_kind) if opt.init_from else None
         state = create_train_state(model, optimizer, opt.seed, init)
         if primary:
-            atomic_write_text(metrics_path, "")
+            truncate_metrics(metrics_path, 0)  # a new run: an empty metrics.jsonl
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
     tensorboard = None
     if primary:
         purge_step = resumed_at + 1 if job.resume else None
-        tensorboard = TensorBoardLog(workdir / "tensorboard", purge_step=purge_step)
+        tensorboard = TensorBoardLog(workdir / run_dir.TENSORBOARD, purge_step=purge_step)
     log = MetricsLog(metrics_path if primary else None, tensorboard)
     tracker, best_checkpointer = best_tracking(opt, workdir, checkpointer, resumed_at)
     profiled = parse_step_range(opt.profile_steps) if opt.profile_steps and primary else None
-    profiler = StepProfiler(workdir / "profile", profiled)
+    profiler = StepProfiler(workdir / run_dir.PROFILE, profiled)
     step_fn = make_train_step(model, optimizer, opt.label_smoothing, opt.grad_accum)
     # With a mesh, evaluation, checkpoints and the final decoding work on a host copy of the
     # state: running other sharded programs between train steps can deadlock XLA:CPU's
@@ -207,9 +198,12 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     train_time, tokens, window, stop_reason = 0.0, 0, [], None
     wall_start = time.perf_counter()
     tick = time.perf_counter()
+    # A progress bar redraws itself with carriage returns and escape codes: on a terminal only.
+    # Elsewhere (a log file) each logged step is one plain line.
+    plain = not sys.stderr.isatty()
     bar = tqdm(
         total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-        disable=not primary,
+        disable=plain or not primary,
     )  # fmt: skip
     try:
         for done in range(start_step + 1, opt.steps + 1):
@@ -248,11 +242,17 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 bar.set_postfix(
                     loss=f"{record['train_loss']:.4f}", tok_s=f"{tokens / train_time:.0f}"
                 )
+                if plain and primary:
+                    print(
+                        f"step {done}/{opt.steps}: train loss {record['train_loss']:.4f}, "
+                        f"{tokens / train_time:.0f} tok/s",
+                        flush=True,
+                    )
             if eval_now:
                 scores = evaluate(job, model, eval_step, on_host(state.params), valid_batches)
                 log.write({"kind": "eval", "step": done} | scores)
                 match = scores.get("exact_match")
-                bar.write(
+                bar.write(  # (a plain print when the bar is off)
                     f"step {done}: valid loss {scores['valid_loss']:.4f}, token accuracy "
                     f"{scores['token_accuracy']:.4f}"
                     + ("" if match is None else f", exact match {match:.4f}")
@@ -285,6 +285,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         bar.close()
         checkpointer.close()
     stats = {
+        "steps_trained": int(state.step) - start_step,  # 0: a --resume of a finished run
         "tokens_per_sec": tokens / max(train_time, 1e-9),
         "train_time_s": train_time,
         "stopped_early": stop_reason is not None,
@@ -357,7 +358,7 @@ def _checked_loss(window: list, state: TrainState, step: int, checkpointer) -> f
 # ----------------------------------------------------------------------------- the end
 def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start, log, best):
     """Final evaluation (shown to the hooks and the best tracker), pictures (also on
-    TensorBoard), exported weights and results.json."""
+    TensorBoard), exported weights and results.json's content."""
     opt, cfg, workdir, tok = job.options, job.config, job.workdir, job.tokenizer
     params = state.params
     final = evaluate_loss(eval_step, params, valid_batches)
@@ -419,12 +420,13 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         tensorboard.examples(results["examples"], step)
     if "attention" in pictures:
         tensorboard.image("valid/attention", Path(pictures["attention"]), step)
-    metrics_path = workdir / "metrics.jsonl"
-    pictures["curves"] = str(plot_curves(read_metrics(metrics_path), workdir / "curves.png"))
+    curves = workdir / run_dir.CURVES
+    pictures["curves"] = str(plot_curves(read_metrics(run_dir.metrics_path(workdir)), curves))
     weights = export_weights(workdir, "", params, cfg, job.model_kind)
     if best_params is not None:
         # The best checkpoint's weights too (best_*.safetensors), for the same uses.
-        best_weights = export_weights(workdir, "best_", best_params, cfg, job.model_kind)
+        prefix = run_dir.BEST_PREFIX
+        best_weights = export_weights(workdir, prefix, best_params, cfg, job.model_kind)
         weights |= {f"best_{name}": path for name, path in best_weights.items()}
     results.update(
         stats,
@@ -432,17 +434,14 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         pictures=pictures,
         weights=weights,
     )
-    atomic_write_text(
-        workdir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n"
-    )
-    return results
+    return results  # the CLI writes it as results.json (run_dir.write_results)
 
 
 def export_weights(workdir: Path, prefix: str, params, cfg, kind) -> dict[str, str]:
     """<prefix>flax_params.safetensors and <prefix>torch_model.safetensors; their paths."""
     host_params = jax.tree.map(np.asarray, params)
-    flax_path = workdir / f"{prefix}flax_params.safetensors"
-    torch_path = workdir / f"{prefix}torch_model.safetensors"
+    paths = run_dir.weight_paths(workdir, prefix)
+    flax_path, torch_path = paths["flax"], paths["torch"]
     save_flax_params(flax_path, host_params, cfg, kind)
     save_torch_state(torch_path, flax_to_torch_state(host_params), cfg, kind)
     return {"flax": str(flax_path), "torch": str(torch_path)}
@@ -458,5 +457,5 @@ def _attention_picture(model, params, job: Job, workdir: Path) -> Path:
         maps,
         job.tokenizer.token_strings(src),
         job.tokenizer.token_strings(tgt_in),
-        workdir / "attention.png",
+        workdir / run_dir.ATTENTION,
     )

@@ -61,6 +61,10 @@ def _check(options) -> None:
             raise OptionError(field.name, problem)
 
 
+class WarmupWarning(UserWarning):
+    """--warmup longer than --steps (the training CLI says it only when --warmup was chosen)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """How the loop trains; the defaults learn the default task in minutes on 2 CPU cores."""
@@ -140,6 +144,7 @@ class TrainOptions:
             warnings.warn(
                 f"--warmup {self.warmup} is longer than --steps {self.steps}: the learning rate "
                 f"never reaches its peak --lr {self.lr:g}",
+                WarmupWarning,
                 stacklevel=3,
             )
 

@@ -1,24 +1,24 @@
 """A finished (or running) train.py workdir, loaded: config, kind, tokenizer, and the params of
-one checkpoint (the best one when --keep-best kept one, else the latest; or the one asked for)."""
+one checkpoint (the best one when --keep-best kept one, else the latest; or the one asked for).
+The files and their names are training/run_dir.py's; this module adds what needs JAX."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from flax_transformer.files.atomic_io import atomic_write_bytes
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.spec.tree_check import ConversionError, check_tree
+from flax_transformer.training import run_dir
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
-from flax_transformer.training.tokenizer import load_tokenizer
+from flax_transformer.training.run_dir import carry_files  # noqa: F401  (its old home)
 
 
 @dataclasses.dataclass
@@ -43,17 +43,16 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     the last.
     """
     workdir = Path(workdir)
-    for name in ("config.json", "run.json", "tokenizer.json"):
+    for name in (run_dir.CONFIG, run_dir.RUN_JSON, run_dir.TOKENIZER):
         if not (workdir / name).exists():
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
-    config = TransformerConfig.load(workdir / "config.json")
-    try:
-        run = json.loads((workdir / "run.json").read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{workdir / 'run.json'}: not readable JSON ({err})") from None
-    kind = run.get("model", SEQ2SEQ) if isinstance(run, dict) else SEQ2SEQ
+    config = run_dir.read_config(workdir)
+    run = run_dir.read_run_json(workdir)
+    if run is None:
+        raise ValueError(f"{workdir / run_dir.RUN_JSON}: not readable JSON (cut short?)")
+    kind = run.get("model", SEQ2SEQ)
     kind = OLD_NAMES.get(kind, kind)  # a run written before the kind was renamed
-    tokenizer = load_tokenizer(workdir / "tokenizer.json")
+    tokenizer = run_dir.read_tokenizer(workdir)
     model = model_for(config, kind)
     abstract = abstract_variables(model)["params"]
     directory, step, chosen = _choose_checkpoint(workdir, checkpoint)
@@ -62,7 +61,7 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
         params = checkpointer.restore_params(abstract, step)
     except CheckpointReadError as err:
-        others = sorted(set(checkpoint_steps(workdir / "checkpoints")) - {step})
+        others = sorted(set(checkpoint_steps(workdir / run_dir.CHECKPOINTS)) - {step})
         hint = (
             f" (others: steps {', '.join(map(str, others))}; --checkpoint STEP)" if others else ""
         )
@@ -73,24 +72,19 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
 
 
-def init_params_from(run_dir: str | Path, config: TransformerConfig, kind: str):
+def init_params_from(init_dir: str | Path, config: TransformerConfig, kind: str):
     """train.py --init-from: the params (inner tree) of a run directory's checkpoint, which
-    must be of the same model kind and config as the new run."""
-    run = load_run(run_dir)
+    must be of the same model kind and config as the new run; in the new run's parameter
+    dtype (--dtype: e.g. a float32 import fine-tuned in float64)."""
+    run = load_run(init_dir)
     if run.model_kind != kind:
-        raise ValueError(f"--init-from {run_dir}: a {run.model_kind} model, not a {kind} one")
-    diff = config_diff(run.config, config, ignore=("dropout_rate", "attention_impl", "remat"))
+        raise ValueError(f"--init-from {init_dir}: a {run.model_kind} model, not a {kind} one")
+    runtime = ("dropout_rate", "attention_impl", "remat", "dtype", "param_dtype")
+    diff = config_diff(run.config, config, ignore=runtime)
     if diff:
-        raise ValueError(f"--init-from {run_dir}: config differs from the run's: {diff}")
-    return jax.tree.map(jax.numpy.asarray, run.params["params"])
-
-
-def carry_files(init_dir: str | Path, names: list[str], workdir: Path) -> list[str]:
-    """Copy the files an init run lists under "carry" in its run.json (`names`, e.g. an
-    imported model's Hugging Face config) into a run started from it; their names."""
-    for name in names:
-        atomic_write_bytes(workdir / name, (Path(init_dir) / name).read_bytes())
-    return list(names)
+        raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
+    dtype = jax.numpy.dtype(config.param_dtype)
+    return jax.tree.map(lambda leaf: jax.numpy.asarray(leaf, dtype), run.params["params"])
 
 
 def check_matches_checkpoint(config, abstract, saved_shapes, workdir: Path, step: int) -> None:
@@ -111,7 +105,7 @@ def check_matches_checkpoint(config, abstract, saved_shapes, workdir: Path, step
         if len(lines) > 7:  # the first few mismatches say enough
             lines = lines[:6] + [f"  ... and {len(lines) - 6} more"]
         raise ValueError(
-            f"{workdir / 'config.json'} does not match checkpoint step {step}{hint}: "
+            f"{workdir / run_dir.CONFIG} does not match checkpoint step {step}{hint}: "
             + "\n".join(lines)
         ) from None
 
@@ -142,7 +136,7 @@ def checkpoint_steps(directory: Path) -> list[int]:
 
 
 def _choose_checkpoint(workdir: Path, checkpoint: str | int | None) -> tuple[Path, int, str]:
-    last_dir, best_dir = workdir / "checkpoints", workdir / "checkpoints_best"
+    last_dir, best_dir = workdir / run_dir.CHECKPOINTS, workdir / run_dir.CHECKPOINTS_BEST
     last, best = checkpoint_steps(last_dir), checkpoint_steps(best_dir)
     if checkpoint is None:
         checkpoint = "best" if best else "last"

@@ -1,0 +1,384 @@
+"""Train a Transformer with JAX/Flax: `python train.py` learns the built-in `reverse` task.
+
+  python train.py                                  # reverse random strings, ~2 min on a CPU
+  python train.py --task sort --steps 3000
+  python train.py --train-tsv train.tsv --valid-tsv valid.tsv --workdir runs/mt
+  python train.py --lm-text book.txt               # decoder-only language model
+  python train.py --resume                         # continue the run in --workdir
+
+Everything is written into --workdir (default runs/<task or file name>); its files are
+listed in training/run_dir.py (and docs/training.md, "Run directory"). The flags are built in
+cli/train_flags.py; `main(argv, hooks=[...])` is the Python entry (`train.main` of the root
+train.py, `ftx train`, `python -m flax_transformer.train`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of the old train.py)
+    DEFAULT_PRESET,
+    DISTRIBUTED_FLAGS,
+    DTYPES,
+    MODEL_DEFAULTS,
+    MODEL_FLAGS,
+    UsageError,
+    add_option_flags,
+    bleu_tokenizer,
+    build_parser,
+    check_args,
+    check_model_flags,
+    default_workdir,
+    model_values,
+    options_from_args,
+    parse_args,
+    wants_float64,
+)
+from flax_transformer.training import run_dir
+from flax_transformer.training.run_dir import read_run_json
+
+
+def prepare_workdir(workdir: Path, resume: bool) -> None:
+    """Writable, and never a second run on top of an existing one. Creates nothing: the
+    workdir is made once all input has been read (make_workdir)."""
+    existing = workdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = "Not a directory" if existing.exists() and not existing.is_dir() else "no access"
+        raise UsageError(f"--workdir {workdir}: not writable ({problem}: {existing})")
+    checkpoints = workdir / run_dir.CHECKPOINTS
+    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+    run_json = workdir / run_dir.RUN_JSON
+    has_run = has_checkpoints or (run_json.exists() and read_run_json(run_json) is not None)
+    if run_json.exists() and not has_run and not resume:
+        print(
+            f"warning: {run_json} is not readable JSON and there is no checkpoint: a run that "
+            "never started; this run replaces it",
+            file=sys.stderr,
+        )
+    if has_run and not resume:
+        raise UsageError(
+            f"--workdir {workdir} already holds a run; pass --resume to continue it, or choose "
+            "another --workdir (nothing was overwritten)"
+        )
+    has_checkpoint = checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    if resume and not has_checkpoint:
+        raise UsageError(
+            f"--resume: no checkpoint in {checkpoints} (if the run stopped before its first "
+            f"save, delete {workdir} to start over)"
+        )
+
+
+# ----------------------------------------------------------------------------- data
+def make_workdir(workdir: Path) -> None:
+    """Create the workdir (all input is read and checked by now) and probe that it takes files."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe = workdir / f".write_test_{os.getpid()}"  # one per process of a run
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(
+            f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
+        ) from None
+
+
+def load_pairs(args, data):
+    """(model kind, train pairs, valid pairs) from the chosen source; `data`: DataOptions."""
+    from flax_transformer.spec.kinds import LM, SEQ2SEQ
+    from flax_transformer.training.data import generate_task, held_out, read_text_lines, read_tsv
+
+    if args.train_tsv:
+        train = read_tsv(args.train_tsv)
+        valid = read_tsv(args.valid_tsv) if args.valid_tsv else None
+        kind = SEQ2SEQ
+    elif args.lm_text:
+        train = read_text_lines(args.lm_text)
+        valid = read_text_lines(args.lm_valid) if args.lm_valid else None
+        kind = LM
+    else:
+        lengths = (data.task_min_len, data.task_max_len)
+        train = generate_task(data.task, data.task_train_size, args.seed, *lengths)
+        # A different seed, and nothing seen in training: a true held-out set.
+        valid = held_out(
+            generate_task(data.task, data.task_valid_size, args.seed + 1_000_003, *lengths), train
+        )
+        return SEQ2SEQ, train, valid
+    if valid is None:
+        train, valid = split_off_validation(train, args.seed)
+    return kind, train, valid
+
+
+def split_off_validation(pairs, seed, fraction=0.05):
+    import numpy as np
+
+    if len(pairs) < 2:
+        raise UsageError(
+            "need at least 2 training examples to hold some out for validation; "
+            "pass a validation file"
+        )
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    count = max(1, int(len(pairs) * fraction))
+    chosen = set(order[:count].tolist())
+    train = [p for i, p in enumerate(pairs) if i not in chosen]
+    valid = [p for i, p in enumerate(pairs) if i in chosen]
+    print(f"held out {len(valid)} of {len(pairs)} examples for validation")
+    return train, valid
+
+
+def make_tokenizer(args, data, workdir: Path, train_pairs):
+    from flax_transformer.training.distributed import is_primary
+    from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
+
+    if args.resume or not is_primary():
+        return run_dir.read_tokenizer(workdir)
+    if args.init_from:  # the init run's tokenizer, whatever its kind
+        return run_dir.read_tokenizer(Path(args.init_from))
+    if data.tokenizer == "bpe":
+        texts = (t for p in train_pairs for t in (p.source, p.target) if t)
+        return BPETokenizer.train(texts, vocab_size=data.bpe_vocab_size)
+    return ByteTokenizer()
+
+
+def make_config(args, tokenizer, workdir: Path):
+    from flax_transformer.spec.config import config_diff
+
+    # The line about a partial --config is said when the run starts, not again on --resume.
+    values = model_values(args, say=None if args.resume else print)
+    if not args.init_from:
+        values.update(
+            src_vocab_size=tokenizer.vocab_size,
+            tgt_vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+        )
+    from flax_transformer.spec.config import TransformerConfig
+
+    config = TransformerConfig.from_dict(values)
+    if args.resume:
+        diff = config_diff(run_dir.read_config(workdir), config)
+        if diff:
+            described = ", ".join(
+                f"{field}: {saved!r} in the checkpoint, {requested!r} requested"
+                for field, (saved, requested) in diff.items()
+            )
+            raise UsageError(
+                f"--resume: the model config differs from {workdir / run_dir.CONFIG} "
+                f"({described}); resume with the run's own settings or start a new --workdir"
+            )
+    return config
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None, hooks=None) -> int:
+    """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
+    called after every step and evaluation, they may stop the run early). Returns the exit
+    status: 0 done, 1 the run failed, 2 bad flags or input."""
+    from flax_transformer.training import distributed
+    from flax_transformer.training.options import (
+        DataOptions,
+        DistributedOptions,
+        TrainOptions,
+        WarmupWarning,
+    )
+
+    hooks = tuple(hooks or ())
+    started = time.perf_counter()
+    try:
+        try:
+            args = parse_args(argv)
+        except SystemExit as exit:  # argparse printed its error (or --help)
+            if exit.code == 0:
+                raise
+            return 2
+        join_processes(options_from_args(DistributedOptions, args), args)
+        check_args(args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data = options_from_args(DataOptions, args, task=args.task or DataOptions.task)
+            options = options_from_args(TrainOptions, args, bleu_tokenize=bleu_tokenizer(args))
+        for warning in caught:
+            # --warmup longer than --steps: said when the user chose the warmup, once (not on
+            # every short run with the default warmup, nor again on --resume).
+            if issubclass(warning.category, WarmupWarning) and not warmup_chosen(argv, args):
+                continue
+            print(f"warning: {warning.message}", file=sys.stderr)
+        with float64_if(wants_float64(args)):
+            return run(args, data, options, hooks, started)
+    except UsageError as err:
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(2)  # a multi-process run: no waiting for the others
+        return 2
+    except (ValueError, OSError, RuntimeError) as err:
+        print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
+        distributed.exit_now(1)
+        return 1
+
+
+def warmup_chosen(argv, args) -> bool:
+    """--warmup given on this command line (or in --run-config) of a run that starts now."""
+    from flax_transformer.training.options import TrainOptions
+
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    on_line = any(a == "--warmup" or a.startswith("--warmup=") for a in argv)
+    from_file = bool(args.run_config) and args.warmup != TrainOptions.warmup
+    return not args.resume and (on_line or from_file)
+
+
+@contextlib.contextmanager
+def float64_if(wanted: bool):
+    """jax_enable_x64 on for a float64 run (before its first array), back as it was after, so
+    that `main` called in a process that goes on (tests, notebooks) leaves JAX as it found it."""
+    if not wanted:
+        yield
+        return
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def join_processes(options, args) -> None:
+    """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
+    such a run needs --mesh, over which the batch is split."""
+    from flax_transformer.training.distributed import DistributedError, start, whoami
+
+    try:
+        if start(options) and not args.mesh:
+            raise UsageError(
+                f"this is {whoami()}: multi-process training needs --mesh spanning every "
+                "process's devices (e.g. --mesh data=N for N devices in all)"
+            )
+    except DistributedError as err:
+        raise UsageError(str(err)) from None
+
+
+def run(args, data, options, hooks, started: float) -> int:
+    from flax_transformer.spec.kinds import LM, OLD_NAMES
+    from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.training.distributed import barrier, is_primary
+    from flax_transformer.training.loop import Job, run_training
+
+    workdir = default_workdir(args)
+    prepare_workdir(workdir, args.resume)
+    barrier("workdir checked")  # by every process, before process 0 writes into it
+    # Read and check all input before writing anything into the workdir.
+    kind, train_pairs, valid_pairs = load_pairs(args, data)
+    # The init run's run.json, read once: its model kind and the files it carries.
+    init_run = (read_run_json(Path(args.init_from)) or {}) if args.init_from else {}
+    if args.init_from and not args.resume:
+        init_kind = init_run.get("model")
+        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
+        if init_kind not in (None, kind):
+            raise UsageError(
+                f"--init-from {args.init_from} holds a {init_kind} model; the data "
+                f"given trains a {kind} model"
+            )
+    if not (args.resume or is_primary()):
+        barrier("run files written")  # the other processes use process 0's tokenizer
+    tokenizer = make_tokenizer(args, data, workdir, train_pairs)
+    config = make_config(args, tokenizer, workdir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if kind == LM:
+            train_set = encode_documents(train_pairs, tokenizer, config.max_len)
+            valid_set = encode_documents(valid_pairs, tokenizer, config.max_len)
+        else:
+            train_set = encode_pairs(train_pairs, tokenizer, config.max_len, data.on_long)
+            valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    for dataset in (train_set, valid_set):
+        check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
+    make_workdir(workdir)  # the first write: every input has been read and checked
+    carried = []
+    if is_primary() and (not args.resume or read_run_json(workdir) is None):
+        if not args.resume:
+            run_dir.write_config(workdir, config)
+            run_dir.write_tokenizer(workdir, tokenizer)
+            if args.init_from:
+                carried = run_dir.carry_files(args.init_from, init_run.get("carry", []), workdir)
+        run_dir.write_run_json(
+            workdir,
+            model=kind,
+            tokenizer=tokenizer.kind,
+            args={
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("resume", "run_config", *DISTRIBUTED_FLAGS)
+            },
+            train_examples=len(train_set),
+            valid_examples=len(valid_set),
+            carry=carried,
+        )
+    if not args.resume and is_primary():
+        barrier("run files written")  # the others wait for it before reading the tokenizer
+    print(
+        f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
+        f"{config.num_decoder_layers} layers, {config.dtype} compute / {config.param_dtype} "
+        f"parameters, {len(train_set)} training / {len(valid_set)} "
+        f"validation examples, {tokenizer.kind} tokenizer (vocab {tokenizer.vocab_size}), "
+        f"workdir {workdir}"
+    )
+    job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
+    results = run_training(job, hooks)
+    if not is_primary():
+        return 0  # process 0 writes the results
+    results["wall_time_s"] = time.perf_counter() - started
+    run_dir.write_results(workdir, results)
+    print_summary(results, workdir)
+    return 0
+
+
+def print_summary(results: dict, workdir: Path) -> None:
+    early = ""
+    if results.get("stop_reason") == "early_stop":
+        best = results["best"]
+        early = (
+            f" (stopped early: {best['metric']} has not improved for "
+            f"{best['evals_since_best']} evaluations; best {best['best']:.4f} at step "
+            f"{best['best_step']}, in checkpoints_best/)"
+        )
+    elif results.get("stopped_early"):
+        early = " (stopped early by a step hook)"
+    if results.get("steps_trained") == 0:  # a --resume of a run that had reached --steps
+        print(
+            f"\nnothing to train: the run was already at step {results['steps']} (--steps "
+            f"{results['steps']}; pass a larger --steps to train on); evaluated again"
+        )
+    else:
+        print(
+            f"\ntrained {results['steps']} steps{early} in {results['wall_time_s']:.0f} s "
+            f"({results['tokens_per_sec']:.0f} target tokens/s)"
+        )
+    line = f"valid loss {results['valid_loss']:.4f}, token accuracy {results['token_accuracy']:.4f}"
+    if "exact_match" in results:
+        line += f", exact match {results['exact_match']:.4f}, BLEU {results['bleu']:.2f}"
+    if "perplexity" in results:
+        line += f", perplexity {results['perplexity']:.2f}"
+    print(line)
+    for example in results.get("examples", []):
+        mark = "ok " if example["hypothesis"] == example["reference"] else "BAD"
+        print(
+            f"  [{mark}] {example['source']!r} -> {example['hypothesis']!r} "
+            f"(reference {example['reference']!r})"
+        )
+    for name, path in results.get("pictures", {}).items():
+        print(f"{name}: {path}")
+    print(
+        f"results: {workdir / run_dir.RESULTS}; weights: {results['weights']['torch']} (torch), "
+        f"{results['weights']['flax']} (flax)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The flags of the training command (`ftx train`, `python train.py`): building the parser,
+reading flag values back from JSON (--run-config, --resume), the checks no options class can
+see, and the model config the flags describe. The run itself is cli/train.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from flax_transformer.spec.presets import PRESETS
+from flax_transformer.training.run_dir import RUN_JSON, read_config, read_run_json
+
+# The default model is the `small` preset (it learns the default task in minutes on 2 CPU
+# cores); its vocabulary sizes and pad id are replaced by the tokenizer's. --preset picks
+# another; a partial --config is filled from it.
+DEFAULT_PRESET = "small"
+MODEL_DEFAULTS = PRESETS[DEFAULT_PRESET]
+# Model flags: dest -> (the config fields it sets, help). They default to None, so that only
+# the flags given override --config.
+MODEL_FLAGS = {
+    "d_model": (("d_model",), "width"),
+    "num_heads": (("num_heads",), "attention heads"),
+    "num_layers": (("num_encoder_layers", "num_decoder_layers"), "encoder and decoder layers"),
+    "d_ff": (("d_ff",), "feed-forward width"),
+    "max_len": (("max_len",), "longest sequence in tokens"),
+    "dropout": (("dropout_rate",), "dropout rate"),
+}
+
+# --dtype: (computation dtype, parameter dtype). bfloat16 is mixed precision: bf16 matmuls on
+# float32 parameters (docs/speed.md); float64 turns on jax_enable_x64 for the run.
+DTYPES = {
+    "float32": ("float32", "float32"),
+    "bfloat16": ("bfloat16", "float32"),
+    "float64": ("float64", "float64"),
+}
+
+# Flags of one launch (how this process joins the others), not of the run: not in run.json.
+DISTRIBUTED_FLAGS = ("coordinator", "num_processes", "process_id")
+
+
+class UsageError(ValueError):
+    """Bad flags or workdir; the message names the flag."""
+
+
+def add_option_flags(group, options_class, names, **overrides) -> None:
+    """One flag per named field of an options class (training/options.py): its default, help
+    and choices come from the field; `overrides` maps a name to argparse keywords to change."""
+    from flax_transformer.cli.flags import flag_type
+    from flax_transformer.spec.validate import Float, Int
+    from flax_transformer.training.options import argparse_keywords, option_fields, rule_of
+
+    fields = option_fields(options_class)
+    for name in names:
+        field = fields[name]
+        kwargs = {"default": field.default, **argparse_keywords(field)}
+        if field.default is not None:  # None: the help says what happens without the flag
+            kwargs["help"] += " (default: %(default)s)"
+        rule = rule_of(field)
+        if isinstance(rule, Int | Float):  # checked as it is parsed: an argparse error, exit 2
+            kwargs["type"] = flag_type(rule, "--" + name.replace("_", "-"))
+        kwargs.update(overrides.get(name, {}))
+        group.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from flax_transformer.training.options import (
+        BLEU_TOKENIZERS,
+        DataOptions,
+        DistributedOptions,
+        TrainOptions,
+    )
+
+    p = argparse.ArgumentParser(
+        prog="python train.py",
+        description="Train the Transformer of 'Attention Is All You Need' (JAX/Flax) on a "
+        "built-in task, a parallel corpus or a text file, with exact resume.",
+    )
+    default_task = DataOptions.task
+    data = p.add_argument_group(f"data (choose one source; default: --task {default_task})")
+    # --task defaults to None so that a second source is an error, not an override.
+    task = {"default": None, "help": f"built-in generated task (default: {default_task})"}
+    add_option_flags(
+        data,
+        DataOptions,
+        ("task", "task_min_len", "task_max_len", "task_train_size", "task_valid_size"),
+        task=task,
+    )
+    data.add_argument("--train-tsv", help="training corpus: one 'source<TAB>target' per line")
+    data.add_argument(
+        "--valid-tsv", help="validation corpus (default: hold out a slice of --train-tsv)"
+    )
+    data.add_argument("--lm-text", help="text file for a decoder-only LM, one document a line")
+    data.add_argument("--lm-valid", help="validation text (default: hold out some lines)")
+    add_option_flags(data, DataOptions, ("tokenizer", "bpe_vocab_size", "on_long"))
+
+    model = p.add_argument_group("model (flags override --config)")
+    model.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help=f"the model's starting point (default: {DEFAULT_PRESET}); --config and the model "
+        "flags change fields of it",
+    )
+    model.add_argument(
+        "--config",
+        help="TransformerConfig JSON file; fields it leaves out come from --preset (vocab "
+        "sizes come from the tokenizer)",
+    )
+    model.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="float32; bfloat16 (mixed precision: bf16 compute, float32 parameters); float64 "
+        "(default: the config's, float32). Also for fine-tuning with --init-from",
+    )
+    from flax_transformer.cli.flags import flag_type
+    from flax_transformer.spec.config import FIELD_RULES
+
+    for dest, (fields, text) in MODEL_FLAGS.items():
+        default, flag = MODEL_DEFAULTS[fields[0]], "--" + dest.replace("_", "-")
+        model.add_argument(
+            flag, type=flag_type(FIELD_RULES[fields[0]], flag), help=f"{text} (default: {default})"
+        )
+
+    train = p.add_argument_group("training")
+    add_option_flags(
+        train,
+        TrainOptions,
+        ("steps", "batch_size", "grad_accum", "lr", "warmup", "schedule", "label_smoothing")
+        + ("clip_norm", "weight_decay", "seed"),
+    )
+
+    run = p.add_argument_group("run")
+    run.add_argument("--workdir", help="where everything goes (default: runs/<task or file>)")
+    corpus_bleu = TrainOptions.bleu_tokenize
+    add_option_flags(
+        run,
+        TrainOptions,
+        ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize")
+        + ("keep_best", "early_stop", "profile_steps", "mesh", "init_from"),
+        bleu_tokenize={
+            "default": "auto",
+            "choices": ("auto", *BLEU_TOKENIZERS),
+            "help": f"sacrebleu tokenizer; auto: char for tasks, {corpus_bleu} for corpora "
+            "(default: %(default)s)",
+        },
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --workdir from its latest checkpoint",
+    )
+    run.add_argument(
+        "--run-config",
+        help="JSON file of flag values, or a previous run's run.json; command-line flags win",
+    )
+    many = p.add_argument_group("multi-process (python -m flax_transformer.launch starts them)")
+    add_option_flags(many, DistributedOptions, DISTRIBUTED_FLAGS)
+    return p
+
+
+# ----------------------------------------------------------------------------- flags
+def parse_args(argv):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.run_config:
+        parser.set_defaults(**_flag_values(parser, args.run_config, "--run-config"))
+        args = parser.parse_args(argv)
+    if args.resume:
+        saved = default_workdir(args) / RUN_JSON
+        if not saved.exists():
+            raise UsageError(f"--resume: {saved} not found; nothing to resume in that --workdir")
+        if read_run_json(saved) is None:  # a run.json cut short by a crash (older versions)
+            print(
+                f"warning: --resume: {saved} is not readable JSON; resuming with the flags of "
+                "this command line (the model is still checked against config.json), and "
+                "run.json is written anew",
+                file=sys.stderr,
+            )
+            return args
+        values = _flag_values(parser, saved, "--resume")
+        values.pop("resume", None)
+        parser.set_defaults(**values)
+        args = parser.parse_args(argv)
+    return args
+
+
+def _flag_values(parser, path, flag) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"{flag}: cannot read {path}: {err}") from None
+    if isinstance(data, dict) and isinstance(data.get("args"), dict):
+        data = data["args"]  # a run.json: its flags
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag}: {path} must hold a JSON object of flag values")
+    from flax_transformer.cli.flags import run_config_problems
+
+    known = {a.dest for a in parser._actions}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"{flag}: {path} has unknown flag(s): {', '.join(unknown)}")
+    problems = run_config_problems(parser, data)
+    if problems:  # the command line's checks, for values that bypass argparse's `type`
+        raise UsageError(f"{flag}: {path}: " + "; ".join(problems))
+    return data
+
+
+def check_args(args) -> None:
+    """What no options class can see: flags that go together. Values are checked by the options
+    classes (options_from_args)."""
+    from flax_transformer.training.options import DataOptions
+
+    sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
+    if len(sources) > 1:
+        names = ", ".join("--" + s.replace("_", "-") for s in sources)
+        raise UsageError(f"choose one data source, got {names}")
+    if args.valid_tsv and not args.train_tsv:
+        raise UsageError("--valid-tsv needs --train-tsv")
+    if args.lm_valid and not args.lm_text:
+        raise UsageError("--lm-valid needs --lm-text")
+    if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text):
+        raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
+    if args.keep_best == "exact_match" and args.lm_text:
+        raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
+    if args.init_from:
+        model_flags = [f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(args, d)]
+        model_flags += ["--preset"] if args.preset else []
+        if args.config or model_flags:
+            given = ", ".join((["--config"] if args.config else []) + model_flags)
+            raise UsageError(f"--init-from takes the run's config; do not also give {given}")
+        if args.tokenizer != DataOptions.tokenizer:
+            raise UsageError("--init-from takes the run's tokenizer; do not also give --tokenizer")
+        if not args.resume and not (Path(args.init_from) / RUN_JSON).exists():
+            raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
+    else:  # the init run's config is checked when it is loaded
+        check_model_flags(args)
+    if args.mesh:
+        from flax_transformer.training.distributed import check_mesh_spans_processes
+        from flax_transformer.training.sharding import MeshError, make_mesh
+
+        try:
+            check_mesh_spans_processes(make_mesh(args.mesh))
+        except MeshError as err:
+            raise UsageError(f"--mesh: {err}") from None
+
+
+def check_model_flags(args) -> None:
+    """The model --config and flags give a valid TransformerConfig (checked before any data is
+    read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
+    from flax_transformer.spec.config import TransformerConfig
+    from flax_transformer.training.tokenizer import ByteTokenizer
+
+    try:
+        values = model_values(args)
+    except ValueError as err:
+        raise UsageError(f"--config: {err}") from None
+    try:
+        TransformerConfig.from_dict(
+            values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
+        )
+    except ValueError as err:
+        given = [
+            "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None
+        ]
+        source = ", ".join(given + (["--config"] if args.config else [])) or "the defaults"
+        raise UsageError(f"model flags ({source}): {err}") from None
+
+
+def options_from_args(options_class, args, **values):
+    """An options class (training/options.py) from the flags named like its fields (`values`
+    win); a value out of range is a UsageError naming its flag."""
+    from flax_transformer.training.options import OptionError, option_fields
+
+    flags = {name: getattr(args, name) for name in option_fields(options_class) if name in args}
+    try:
+        return options_class(**(flags | values))
+    except OptionError as err:
+        raise UsageError(f"--{err.field.replace('_', '-')} {err.problem}") from None
+
+
+def bleu_tokenizer(args) -> str:
+    """--bleu-tokenize auto: letter by letter for the built-in tasks, sacrebleu's usual for
+    corpora (TrainOptions' default)."""
+    from flax_transformer.training.options import TrainOptions
+
+    if args.bleu_tokenize != "auto":
+        return args.bleu_tokenize
+    return TrainOptions.bleu_tokenize if args.train_tsv else "char"
+
+
+def default_workdir(args) -> Path:
+    from flax_transformer.training.options import DataOptions
+
+    if args.workdir:
+        return Path(args.workdir)
+    if args.train_tsv:
+        return Path("runs") / Path(args.train_tsv).stem
+    if args.lm_text:
+        return Path("runs") / Path(args.lm_text).stem
+    return Path("runs") / (args.task or DataOptions.task)
+
+
+def preset_name(args) -> str:
+    return args.preset or DEFAULT_PRESET
+
+
+def config_file_fields(path: str | Path) -> dict:
+    """The fields a --config file sets (checked by TransformerConfig once merged with the
+    preset); a ValueError naming the file when it is not a JSON object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read config file {path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: config is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: config JSON must be an object")
+    return data
+
+
+def model_values(args, say=None) -> dict:
+    """TransformerConfig fields: the preset, what --config sets (a partial file is filled from
+    the preset, not from TransformerConfig's paper-sized defaults), the model flags, --dtype.
+    `say(line)`, when given, hears which fields came from where."""
+    from flax_transformer.spec.config import TransformerConfig
+
+    values = dict(PRESETS[preset_name(args)])
+    if args.config:
+        given = config_file_fields(args.config)
+        # The tokenizer sets the vocabulary and pad id whatever the file says.
+        from_preset = sorted(set(values) - set(given) - {"src_vocab_size", "tgt_vocab_size"})
+        if say is not None and from_preset:
+            say(
+                f"--config {args.config} sets {', '.join(sorted(given)) or 'no field'}; "
+                f"{', '.join(from_preset)} come from the {preset_name(args)} preset"
+            )
+        try:  # the file's own problems named with its path, before the flags change anything
+            TransformerConfig.from_dict(values | given)
+        except ValueError as err:
+            raise ValueError(f"{args.config}: {err}") from None
+        values |= given
+    if args.init_from:  # the init run's config as it is (check_args refused model flags)
+        values = read_config(Path(args.init_from)).to_dict()
+    for dest, (fields, _) in MODEL_FLAGS.items():
+        if getattr(args, dest) is not None:
+            values.update(dict.fromkeys(fields, getattr(args, dest)))
+    if getattr(args, "dtype", None):
+        values["dtype"], values["param_dtype"] = DTYPES[args.dtype]
+    return values
+
+
+def wants_float64(args) -> bool:
+    """The run computes in float64 (--dtype, or a --config / init run that says so): JAX must
+    allow 64-bit arrays before the first one is made."""
+    if getattr(args, "dtype", None):
+        return args.dtype == "float64"
+    try:
+        return model_values(args).get("dtype") == "float64"
+    except (ValueError, OSError):
+        return False  # the checks that follow name the problem

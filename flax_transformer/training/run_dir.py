@@ -1,0 +1,243 @@
+"""The run directory (`--workdir`): one name per file, and the one function that writes each.
+
+Every command that reads or writes a run goes through this module: the training CLI
+(cli/train.py) and loop (training/loop.py), `hf import`/`hf export` (hf/run_dir.py),
+`generate`, `export` and `parity` (through training/run.py's `load_run`).
+
+name (constant)                 written by -> read by; format
+config.json (CONFIG)            write_config (train, hf import) -> load_run, --resume,
+                                --init-from; TransformerConfig JSON
+tokenizer.json (TOKENIZER)      write_tokenizer (train, hf import) -> load_run, --resume,
+                                parity --input; tokenizer description JSON
+hf_tokenizer/                   write_tokenizer of an HF tokenizer (hf import) -> the HF
+                                tokenizer, hf export; transformers' tokenizer files
+run.json (RUN_JSON)             write_run_json (train, hf import) -> read_run_json: --resume,
+                                --run-config, --init-from, load_run; JSON (model kind,
+                                tokenizer kind, every flag, example counts, carry, imported_from)
+hf_config.json,                 write_carry_json (hf import), carry_files (--init-from) ->
+hf_generation_config.json       hf export; Hugging Face JSON
+checkpoints/                    the loop's Checkpointer, hf import -> load_run, --resume; Orbax
+checkpoints_best/               the loop (--keep-best) -> load_run(checkpoint="best"); Orbax
+checkpoints_unrestorable/       the loop (a step --resume could not read) -> people; Orbax
+metrics.jsonl (METRICS)         append_metrics, truncate_metrics (loop) -> read_metrics
+                                (curves.png, people); JSON lines
+tensorboard/                    the loop (TensorBoardLog) -> TensorBoard; event files
+profile/                        the loop (--profile-steps) -> TensorBoard / Perfetto
+curves.png, attention.png       the loop (plots) -> people; PNG
+flax_params.safetensors,        export_weights (loop; with --keep-best also best_*) -> parity,
+torch_model.safetensors         torch_reference, people; safetensors
+results.json (RESULTS)          write_results (train) -> read_results, people; JSON
+
+`LAYOUT` holds the same table as data (tests check a trained run against it and the docs'
+table in docs/training.md against it). Reading never fails on a file cut short by a crash:
+`read_run_json` / `read_results` return None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from flax_transformer.files.atomic_io import atomic_write_bytes, atomic_write_text
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+HF_TOKENIZER_DIR = "hf_tokenizer"  # (hf/tokenizer.py writes it beside tokenizer.json)
+RUN_JSON = "run.json"
+HF_CONFIG = "hf_config.json"
+HF_GENERATION_CONFIG = "hf_generation_config.json"
+CHECKPOINTS = "checkpoints"
+CHECKPOINTS_BEST = "checkpoints_best"
+CHECKPOINTS_UNRESTORABLE = "checkpoints_unrestorable"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+PROFILE = "profile"
+CURVES = "curves.png"
+ATTENTION = "attention.png"
+FLAX_WEIGHTS = "flax_params.safetensors"
+TORCH_WEIGHTS = "torch_model.safetensors"
+BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
+RESULTS = "results.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One row of the layout: a file or directory of a run directory."""
+
+    name: str
+    written_by: str
+    read_by: str
+    format: str
+    when: str = "always"  # "always", "seq2seq" (translation models only) or the flag it needs
+
+
+LAYOUT = (
+    Entry(CONFIG, "write_config (train, hf import)", "load_run, --resume, --init-from",
+          "TransformerConfig JSON"),
+    Entry(TOKENIZER, "write_tokenizer (train, hf import)", "load_run, --resume, parity --input",
+          "tokenizer description JSON"),
+    Entry(HF_TOKENIZER_DIR + "/", "write_tokenizer (hf import)", "hf tokenizer, hf export",
+          "transformers' tokenizer files", "hf import"),
+    Entry(RUN_JSON, "write_run_json (train, hf import)",
+          "read_run_json: --resume, --run-config, --init-from, load_run",
+          "JSON: model kind, tokenizer kind, flags, carry"),
+    Entry(HF_CONFIG, "write_carry_json (hf import), carry_files (--init-from)", "hf export",
+          "Hugging Face config JSON", "hf import"),
+    Entry(HF_GENERATION_CONFIG, "as hf_config.json", "hf export",
+          "Hugging Face generation config JSON", "hf import"),
+    Entry(CHECKPOINTS + "/", "the loop's Checkpointer, hf import", "load_run, --resume",
+          "Orbax, one directory per step"),
+    Entry(CHECKPOINTS_BEST + "/", "the loop", "load_run(checkpoint='best')", "Orbax",
+          "--keep-best"),
+    Entry(CHECKPOINTS_UNRESTORABLE + "/", "the loop (a step --resume could not read)", "people",
+          "Orbax", "--resume"),
+    Entry(METRICS, "append_metrics, truncate_metrics (loop)", "read_metrics: curves.png",
+          "JSON lines"),
+    Entry(TENSORBOARD + "/", "the loop (TensorBoardLog)", "TensorBoard", "event files"),
+    Entry(PROFILE + "/", "the loop", "TensorBoard / Perfetto", "xplane, trace.json.gz",
+          "--profile-steps"),
+    Entry(CURVES, "the loop (plots)", "people", "PNG"),
+    Entry(ATTENTION, "the loop (plots)", "people", "PNG", "seq2seq"),
+    Entry(FLAX_WEIGHTS, "the loop (export_weights)", "parity, people", "safetensors"),
+    Entry(TORCH_WEIGHTS, "the loop (export_weights)", "parity, torch_reference", "safetensors"),
+    Entry(BEST_PREFIX + FLAX_WEIGHTS, "the loop (export_weights)", "people", "safetensors",
+          "--keep-best"),
+    Entry(BEST_PREFIX + TORCH_WEIGHTS, "the loop (export_weights)", "people", "safetensors",
+          "--keep-best"),
+    Entry(RESULTS, "write_results (train)", "read_results, people",
+          "JSON: scores, examples, paths"),
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- model files
+def write_config(workdir: Path, config) -> None:
+    """config.json: the run's TransformerConfig."""
+    config.save(Path(workdir) / CONFIG)
+
+
+def read_config(workdir: Path):
+    """The TransformerConfig of config.json (a ValueError naming the file when unreadable)."""
+    from flax_transformer.spec.config import TransformerConfig
+
+    return TransformerConfig.load(Path(workdir) / CONFIG)
+
+
+def write_tokenizer(workdir: Path, tokenizer) -> None:
+    """tokenizer.json (and, for a Hugging Face tokenizer, hf_tokenizer/ beside it)."""
+    tokenizer.save(Path(workdir) / TOKENIZER)
+
+
+def read_tokenizer(workdir: Path):
+    from flax_transformer.training.tokenizer import load_tokenizer
+
+    return load_tokenizer(Path(workdir) / TOKENIZER)
+
+
+# ----------------------------------------------------------------------------- run.json
+def write_run_json(
+    workdir: Path,
+    *,
+    model: str,
+    tokenizer: str,
+    args: dict[str, Any],
+    train_examples: int | None = None,
+    valid_examples: int | None = None,
+    carry: list[str] | tuple[str, ...] = (),
+    imported_from: str | None = None,
+) -> dict[str, Any]:
+    """run.json: the model kind, the tokenizer kind, every flag of the run (what --resume and
+    --run-config read back), the example counts, the carried files (`carry`: copied into a run
+    started from this one with --init-from) and, for an import, where it came from. The same
+    keys whoever writes it; returns what was written."""
+    info = {
+        "model": model,
+        "tokenizer": tokenizer,
+        "args": dict(args),
+        "train_examples": train_examples,
+        "valid_examples": valid_examples,
+        "carry": list(carry),
+        "imported_from": imported_from,
+    }
+    atomic_write_text(Path(workdir) / RUN_JSON, json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def read_run_json(path: Path) -> dict | None:
+    """A run directory's run.json (`path`: the directory or the file itself), or None when it
+    is missing, cut short or not a JSON object."""
+    path = Path(path)
+    return _read_json_object(path / RUN_JSON if path.is_dir() else path)
+
+
+def carry_files(init_dir: str | Path, names: list[str], workdir: Path) -> list[str]:
+    """Copy the files an init run lists under "carry" in its run.json (`names`, e.g. an
+    imported model's Hugging Face config) into a run started from it; their names."""
+    for name in names:
+        atomic_write_bytes(Path(workdir) / name, (Path(init_dir) / name).read_bytes())
+    return list(names)
+
+
+def write_carry_json(workdir: Path, name: str, data: dict) -> None:
+    """A carried JSON file (hf_config.json, hf_generation_config.json) of an import."""
+    if name not in (HF_CONFIG, HF_GENERATION_CONFIG):
+        raise ValueError(f"{name!r} is not a carried file of a run directory")
+    atomic_write_text(Path(workdir) / name, json.dumps(data, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl
+def metrics_path(workdir: Path) -> Path:
+    return Path(workdir) / METRICS
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of metrics.jsonl (`path`: the file or the run directory)."""
+    path = Path(path)
+    path = path / METRICS if path.is_dir() else path
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the records up to `last_step` (on resume, forget what the interrupted run wrote
+    after its checkpoint); an empty file when there are none (a new run)."""
+    kept = [r for r in read_metrics(path) if r["step"] <= last_step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def append_metrics(path: Path, record: dict) -> None:
+    """One record at the end of metrics.jsonl (cut back atomically on resume)."""
+    with Path(path).open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- results.json
+def write_results(workdir: Path, results: dict[str, Any]) -> None:
+    """results.json: the final scores, examples, pictures and weight paths of a run."""
+    text = json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    atomic_write_text(Path(workdir) / RESULTS, text)
+
+
+def read_results(workdir: Path) -> dict | None:
+    """results.json of a finished run, or None (unfinished, or a file cut short)."""
+    return _read_json_object(Path(workdir) / RESULTS)
+
+
+# ----------------------------------------------------------------------------- weights
+def weight_paths(workdir: Path, prefix: str = "") -> dict[str, Path]:
+    """Where the exported weights go: {"flax": ..., "torch": ...}; prefix "best_" for the
+    best checkpoint's."""
+    if prefix not in ("", BEST_PREFIX):
+        raise ValueError(f"weight file prefix must be '' or {BEST_PREFIX!r}, got {prefix!r}")
+    workdir = Path(workdir)
+    return {"flax": workdir / (prefix + FLAX_WEIGHTS), "torch": workdir / (prefix + TORCH_WEIGHTS)}
+
+
+def _read_json_object(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
