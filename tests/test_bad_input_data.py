@@ -150,7 +150,7 @@ def test_bad_text_is_named_by_file_and_line(tmp_path, capsys, content, message):
     path.write_bytes(content)
     code = train.main(["--train-tsv", str(path), "--workdir", str(tmp_path / "w")])
     err = capsys.readouterr().err
-    assert code == 1 and message in err and "Traceback" not in err
+    assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "w").exists()  # a run that fails on its input leaves no workdir
 
 

@@ -51,7 +51,7 @@ def test_invalid_utf8_lines_are_reported_and_the_others_decoded(
 ):
     stdin = b"\xef\xbb\xbfhello\nab\xffc\n\nhello\n"  # BOM, an invalid byte, an empty line
     code, out, err = run_generate(monkeypatch, capsys, run_dir, stdin)
-    assert code == 1 and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
     assert "line 2: not valid UTF-8 (byte 0xff at column 3)" in err
     assert "line 3: empty input" in err and "line 1" not in err and "line 4" not in err
     assert len(out) == 4 and out[1] == out[2] == ""
@@ -60,7 +60,7 @@ def test_invalid_utf8_lines_are_reported_and_the_others_decoded(
     path = tmp_path / "in.txt"
     path.write_bytes(stdin)
     code, from_file, file_err = run_generate(monkeypatch, capsys, run_dir, b"", "--input", path)
-    assert (code, from_file, file_err) == (1, out, err)
+    assert (code, from_file, file_err) == (2, out, err)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_a_tokenizer_beyond_the_models_vocabulary_is_a_bad_line(tmp_path, monkey
     workdir = test_generate.fabricate_run(tmp_path / "run", "seq2seq")
     assert config_module.TransformerConfig.load(workdir / "config.json") == small
     code, out, err = run_generate(monkeypatch, capsys, workdir, b"zz\n")
-    assert code == 1 and out == [""]
+    assert code == 2 and out == [""]
     assert "line 1: the tokenizer gives id 125, outside the model's vocabulary [0, 100)" in err
 
 
@@ -252,7 +252,7 @@ def test_a_cut_run_json_without_checkpoints_does_not_block_a_rerun(tmp_path, cap
     code = train.main(["--train-tsv", str(tmp_path / "bad.tsv"), "--workdir", str(workdir)])
     err = capsys.readouterr().err
     # The run got past the workdir check (and stopped at its bad input, writing nothing).
-    assert code == 1 and "is not readable JSON" in err and "line 1: no tab" in err
+    assert code == 2 and "is not readable JSON" in err and "line 1: no tab" in err
     assert sorted(p.name for p in workdir.iterdir()) == ["run.json"]
 
 

@@ -152,7 +152,7 @@ def test_warmup_longer_than_steps_warns_on_the_command_line(tmp_path, capsys):
         capsys, "--steps", "10", "--warmup", "20", "--train-tsv", tmp_path / "no.tsv",
         "--workdir", tmp_path / "w",
     )  # fmt: skip
-    assert code == 1 and "warning: --warmup 20 is longer than --steps 10" in err
+    assert code == 2 and "warning: --warmup 20 is longer than --steps 10" in err
 
 
 @pytest.mark.parametrize(

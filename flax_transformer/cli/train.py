@@ -175,6 +175,10 @@ def make_config(args, tokenizer, workdir: Path):
 
 
 # ----------------------------------------------------------------------------- main
+# An input path that is not there (or not a file): bad input like any other, exit status 2.
+MISSING_INPUT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
 def main(argv=None, hooks=None) -> int:
     """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
     called after every step and evaluation, they may stop the run early). Returns the exit
@@ -210,11 +214,14 @@ def main(argv=None, hooks=None) -> int:
             print(f"warning: {warning.message}", file=sys.stderr)
         with float64_if(wants_float64(args)):
             return run(args, data, options, hooks, started)
-    except UsageError as err:
+    except (ValueError, *MISSING_INPUT) as err:
+        # Bad input: flags, data files, configs, a run directory (the project raises a
+        # ValueError subclass for each, naming the file and line).
         print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
         distributed.exit_now(2)  # a multi-process run: no waiting for the others
         return 2
-    except (ValueError, OSError, RuntimeError) as err:
+    except (OSError, RuntimeError) as err:
+        # The run failed: it diverged, a checkpoint could not be written, the disk filled up.
         print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
         distributed.exit_now(1)
         return 1
