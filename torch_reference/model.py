@@ -337,7 +337,8 @@ class Transformer(_EmbeddingsMixin):
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         """src (batch, src_len), tgt (batch, tgt_len) token ids -> logits (batch, tgt_len,
-        tgt_vocab); masks default to source padding and causal + target padding."""
+        tgt_vocab); masks default to source padding and causal (+ target padding when
+        config.mask_target_padding)."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
         encoded = self.encode(src, src_mask)
@@ -352,7 +353,8 @@ class Transformer(_EmbeddingsMixin):
 
     def decode(self, encoded, tgt, src_mask=None, tgt_mask=None):
         """encoded (batch, src_len, d_model), tgt (batch, tgt_len) token ids -> logits (batch,
-        tgt_len, tgt_vocab); tgt_mask defaults to causal + target padding."""
+        tgt_len, tgt_vocab); tgt_mask defaults to causal (+ target padding when
+        config.mask_target_padding)."""
         if tgt_mask is None:
             tgt_mask = self._default_target_mask(tgt)
         x = self.decoder(self._embed("tgt", tgt), encoded, tgt_mask, src_mask)
@@ -369,8 +371,8 @@ class TransformerLM(_EmbeddingsMixin):
         self.to(TORCH_DTYPES[config.param_dtype])
 
     def forward(self, tokens, mask=None, positions=None):
-        """tokens (batch, len) -> logits (batch, len, tgt_vocab); mask defaults to causal +
-        padding, `positions` (batch, len) overrides the position of each token."""
+        """tokens (batch, len) -> logits (batch, len, tgt_vocab); mask defaults to causal (+ padding
+        when config.mask_target_padding); `positions` (batch, len) sets each token's position."""
         if mask is None:
             mask = self._default_target_mask(tokens)
         x = self._embed("tgt", tokens, positions=positions)

@@ -230,7 +230,7 @@ class Generator:
     # ---- tokens -> text
     def text(self, new_tokens: np.ndarray, prompt: str) -> str:
         """New tokens (max_new_tokens,) -> one output line: cut at the first EOS, decoded, the
-        prompt prepended for an LM with --echo, and \r / \n written as the two characters so that
+        prompt prepended for an LM with --echo, and \\r / \\n written as the two characters so that
         each input gives one line."""
         ids = new_tokens.tolist()
         if self.tokenizer.eos_id in ids:

@@ -125,7 +125,7 @@ class Bool:
     """A bool (not 0 / 1)."""
 
     def problem(self, value) -> str | None:
-        """ "must be true or false, got ..." unless `value` is a bool, else None."""
+        """The message "must be true or false, got ..." unless `value` is a bool, else None."""
         return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
 
 
@@ -137,7 +137,7 @@ class Choice:
     optional: bool = False
 
     def problem(self, value) -> str | None:
-        """ "must be one of ..., got ..." unless `value` is one of the options, else None."""
+        """The message "must be one of ..., got ..." unless `value` is an option, else None."""
         if value is None and self.optional:
             return None
         if isinstance(value, str | int | float | bool | type(None)) and value in self.options:
@@ -152,8 +152,8 @@ class Text:
     optional: bool = True
 
     def problem(self, value) -> str | None:
-        """ "must be a string, got ..." unless `value` is a str (or None when optional), else
-        None."""
+        """The message "must be a string, got ..." unless `value` is a str (or None when
+        optional), else None."""
         if value is None and self.optional:
             return None
         return None if isinstance(value, str) else f"must be a string, got {value!r}"

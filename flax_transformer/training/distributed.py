@@ -108,7 +108,7 @@ def is_primary() -> bool:
 
 
 def whoami() -> str:
-    """ "process I of N", for log lines and messages."""
+    """This process as "process I of N", for log lines and messages."""
     return f"process {jax.process_index()} of {jax.process_count()}"
 
 
