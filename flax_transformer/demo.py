@@ -12,6 +12,7 @@ import numpy as np
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the demo's flags (--seed only); an argparse error (exit 2) for a negative seed."""
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.demo",
         description="Build the PyTorch twin (the `small` preset), convert its weights to Flax and "
@@ -25,6 +26,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build the torch twin of the `small` preset, convert its weights to Flax and print the logits
+    error between the two in float64 and float32; return 0."""
     args = parse_args(argv)
     import jax
 

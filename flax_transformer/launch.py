@@ -89,6 +89,8 @@ def process_command(command: list[str], port: int, count: int, index: int) -> li
 
 
 def process_env(devices_per_process: int | None, environ=None) -> dict[str, str]:
+    """The environment of each process: `environ` (default os.environ) with unbuffered output and,
+    if given, JAX_NUM_CPU_DEVICES set to `devices_per_process`."""
     env = dict(os.environ if environ is None else environ)
     env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed
     if devices_per_process is not None:
@@ -116,6 +118,8 @@ def _write(out, lock, index, lines) -> None:
 
 
 def describe_status(code: int) -> str:
+    """A process's exit code in words: "exited with status N", or "was killed by SIGNAME" for a
+    negative code."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -193,6 +197,8 @@ def _say(out, lock, text: str) -> None:
 
 
 def main(argv=None) -> int:
+    """Entry point of `python -m flax_transformer.launch` / `ftx launch`: parse the flags and run
+    the processes; return the exit status (the first failed process's, or 0)."""
     args, command = parse_args(argv)
     return launch(command, args.processes, args.devices_per_process, args.grace)
 

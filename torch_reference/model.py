@@ -53,6 +53,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_p: float 
 
 
 class MultiHeadAttention(nn.Module):
+    """Multi-head attention with query, key, value and out Linear layers (d_model -> d_model);
+    the last attention weights are kept in `last_weights` (None on the fused path)."""
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         d = config.d_model
@@ -67,6 +70,9 @@ class MultiHeadAttention(nn.Module):
         self.attention_impl = config.attention_impl
 
     def forward(self, inputs_q, inputs_kv=None, mask=None):
+        """inputs_q (batch, q_len, d_model), inputs_kv (batch, k_len, d_model; default inputs_q:
+        self-attention), boolean mask broadcastable to (batch, heads, q_len, k_len), True = may
+        attend -> (batch, q_len, d_model)."""
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
         batch, q_len, d_model = inputs_q.shape
 
@@ -108,6 +114,9 @@ ACTIVATIONS = {
 
 
 class FeedForward(nn.Module):
+    """The position-wise feed-forward: linear1 (d_model -> d_ff), activation, dropout, linear2
+    (d_ff -> d_model)."""
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.use_bias)
@@ -117,6 +126,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate if rate is None else rate)
 
     def forward(self, x):
+        """x (..., d_model) -> (..., d_model)."""
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
@@ -135,6 +145,8 @@ class PositionalEncoding(nn.Module):
             self.register_buffer("table", torch.from_numpy(constant), persistent=False)
 
     def forward(self, x, offset: int = 0, positions=None):
+        """x (batch, len, d_model) -> x plus the positions' rows, same shape; rows from `offset`
+        on, or per token from `positions` (batch, len)."""
         table = self.weight if hasattr(self, "weight") else self.table
         if positions is not None:
             return x + table[positions + self.position_offset].to(x.dtype)
@@ -154,6 +166,9 @@ class _ResidualMixin:
 
 
 class EncoderBlock(_ResidualMixin, nn.Module):
+    """Self-attention then feed-forward, each with dropout and a residual; post-LN (the paper) or
+    pre-LN (config.norm_first)."""
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.norm_first = config.norm_first
@@ -164,11 +179,16 @@ class EncoderBlock(_ResidualMixin, nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def forward(self, x, mask=None):
+        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len) -> (batch,
+        len, d_model)."""
         x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=mask))
         return self._residual(self.norm2, x, self.ffn)
 
 
 class DecoderBlock(_ResidualMixin, nn.Module):
+    """Masked self-attention, cross-attention on the encoder output, then feed-forward, each with
+    dropout and a residual; post-LN or pre-LN (config.norm_first)."""
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.norm_first = config.norm_first
@@ -181,12 +201,17 @@ class DecoderBlock(_ResidualMixin, nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def forward(self, x, encoded, self_mask=None, cross_mask=None):
+        """x (batch, tgt_len, d_model), encoded (batch, src_len, d_model), self_mask (..,
+        tgt_len, tgt_len), cross_mask (.., tgt_len, src_len) -> (batch, tgt_len, d_model)."""
         x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=self_mask))
         x = self._residual(self.norm2, x, lambda h: self.cross_attn(h, encoded, mask=cross_mask))
         return self._residual(self.norm3, x, self.ffn)
 
 
 class Encoder(nn.Module):
+    """A stack of EncoderBlocks (config.num_encoder_layers unless `num_layers`), with a final
+    LayerNorm when config.final_norm; TransformerLM's decoder is one too."""
+
     def __init__(self, config: TransformerConfig, num_layers: int | None = None):
         super().__init__()
         num_layers = config.num_encoder_layers if num_layers is None else num_layers
@@ -194,18 +219,25 @@ class Encoder(nn.Module):
         self.norm = _layer_norm(config) if config.final_norm else None
 
     def forward(self, x, mask=None):
+        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len) -> (batch,
+        len, d_model)."""
         for layer in self.layers:
             x = layer(x, mask)
         return x if self.norm is None else self.norm(x)
 
 
 class Decoder(nn.Module):
+    """A stack of config.num_decoder_layers DecoderBlocks, with a final LayerNorm when
+    config.final_norm."""
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.num_decoder_layers))
         self.norm = _layer_norm(config) if config.final_norm else None
 
     def forward(self, x, encoded, self_mask=None, cross_mask=None):
+        """x (batch, tgt_len, d_model), encoded (batch, src_len, d_model), self_mask, cross_mask
+        -> (batch, tgt_len, d_model)."""
         for layer in self.layers:
             x = layer(x, encoded, self_mask, cross_mask)
         return x if self.norm is None else self.norm(x)
@@ -219,6 +251,7 @@ class LogitsBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, logits):
+        """logits (..., vocab) -> logits + bias, same shape."""
         return logits + self.bias
 
 
@@ -303,17 +336,25 @@ class Transformer(_EmbeddingsMixin):
         self.to(TORCH_DTYPES[config.param_dtype])
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        """src (batch, src_len), tgt (batch, tgt_len) token ids -> logits (batch, tgt_len,
+        tgt_vocab); masks default to source padding and causal (+ target padding when
+        config.mask_target_padding)."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
         encoded = self.encode(src, src_mask)
         return self.decode(encoded, tgt, src_mask, tgt_mask)
 
     def encode(self, src, src_mask=None):
+        """src (batch, src_len) token ids -> encoded (batch, src_len, d_model); src_mask defaults
+        to the source padding mask."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
         return self.encoder(self._embed("src", src), src_mask)
 
     def decode(self, encoded, tgt, src_mask=None, tgt_mask=None):
+        """encoded (batch, src_len, d_model), tgt (batch, tgt_len) token ids -> logits (batch,
+        tgt_len, tgt_vocab); tgt_mask defaults to causal (+ target padding when
+        config.mask_target_padding)."""
         if tgt_mask is None:
             tgt_mask = self._default_target_mask(tgt)
         x = self.decoder(self._embed("tgt", tgt), encoded, tgt_mask, src_mask)
@@ -330,6 +371,8 @@ class TransformerLM(_EmbeddingsMixin):
         self.to(TORCH_DTYPES[config.param_dtype])
 
     def forward(self, tokens, mask=None, positions=None):
+        """tokens (batch, len) -> logits (batch, len, tgt_vocab); mask defaults to causal (+ padding
+        when config.mask_target_padding); `positions` (batch, len) sets each token's position."""
         if mask is None:
             mask = self._default_target_mask(tokens)
         x = self._embed("tgt", tokens, positions=positions)
@@ -342,6 +385,8 @@ def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:
 
 
 def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor as a numpy array on the CPU (detached); bfloat16 becomes ml_dtypes.bfloat16, bit
+    for bit."""
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
@@ -351,6 +396,8 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a CPU tensor sharing its (contiguous) memory; ml_dtypes.bfloat16 becomes
+    torch.bfloat16, bit for bit."""
     array = np.ascontiguousarray(array)
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)

@@ -30,6 +30,7 @@ USAGE = "usage: ftx [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
 
 
 def help_text() -> str:
+    """What `ftx --help` prints: usage, one line per subcommand, the exit-status rule."""
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {line}" for name, (_, line) in COMMANDS.items())
     return (
@@ -46,6 +47,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `ftx COMMAND ...` (`argv` without the program name; default sys.argv[1:]) through that
+    command's `main`; return its exit status (2 for no or an unknown command, or a SystemExit that
+    carries a message)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print(f"{USAGE}\nftx: error: give a command: {', '.join(COMMANDS)}", file=sys.stderr)

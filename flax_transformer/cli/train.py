@@ -116,6 +116,8 @@ def load_pairs(args, data):
 
 
 def split_off_validation(pairs, seed, fraction=0.05):
+    """Hold out a seeded random `fraction` of `pairs` (at least one) for validation; return (train,
+    valid). UsageError if there are fewer than 2 pairs."""
     import numpy as np
 
     if len(pairs) < 2:
@@ -133,6 +135,8 @@ def split_off_validation(pairs, seed, fraction=0.05):
 
 
 def make_tokenizer(args, data, workdir: Path, train_pairs):
+    """The run's tokenizer: the workdir's on --resume (and on processes other than 0), the
+    --init-from run's, a BPE trained on the training pairs, or bytes."""
     from flax_transformer.training.distributed import is_primary
     from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -147,6 +151,8 @@ def make_tokenizer(args, data, workdir: Path, train_pairs):
 
 
 def make_config(args, tokenizer, workdir: Path):
+    """The model config from the preset, --config and flags, with the tokenizer's vocabulary sizes
+    unless --init-from; UsageError on --resume if it differs from the run's saved config.json."""
     from flax_transformer.spec.config import config_diff
 
     # The line about a partial --config is said when the run starts, not again on --resume.
@@ -270,6 +276,9 @@ def join_processes(options, args) -> None:
 
 
 def run(args, data, options, hooks, started: float) -> int:
+    """Train one run from parsed flags: read and check the data, write the run files into the
+    workdir, train, write results.json and print the summary; return the exit status (0). UsageError
+    for data that does not fit the flags or the --init-from run."""
     from flax_transformer.spec.kinds import LM, OLD_NAMES
     from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.distributed import barrier, is_primary
@@ -347,6 +356,8 @@ def run(args, data, options, hooks, started: float) -> int:
 
 
 def print_summary(results: dict, workdir: Path) -> None:
+    """Print the end of a run for a person: steps and speed (or why it stopped early or trained
+    nothing), the validation metrics, example decodes and where the results and weights are."""
     early = ""
     if results.get("stop_reason") == "early_stop":
         best = results["best"]

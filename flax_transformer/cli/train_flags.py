@@ -65,6 +65,8 @@ def add_option_flags(group, options_class, names, **overrides) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `python train.py` / `ftx train`: data, model, training and distributed
+    flag groups, defaults taken from the options classes."""
     from flax_transformer.training.options import (
         BLEU_TOKENIZERS,
         DataOptions,
@@ -161,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- flags
 def parse_args(argv):
+    """Parse the training command line; --run-config and --resume (the workdir's run.json) supply
+    defaults that flags given on this line override. UsageError if --resume finds no run.json."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.run_config:
@@ -290,6 +294,8 @@ def bleu_tokenizer(args) -> str:
 
 
 def default_workdir(args) -> Path:
+    """The run directory: --workdir, else runs/ plus the stem of --train-tsv or --lm-text, else
+    runs/ plus the task name."""
     from flax_transformer.training.options import DataOptions
 
     if args.workdir:
@@ -302,6 +308,7 @@ def default_workdir(args) -> Path:
 
 
 def preset_name(args) -> str:
+    """The model preset the run starts from: --preset, or the default preset when none is given."""
     return args.preset or DEFAULT_PRESET
 
 

@@ -40,6 +40,8 @@ class InputError(ValueError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check the generate flags (search strategy, lengths, --checkpoint); an argparse
+    error (exit 2) names a bad flag."""
     from flax_transformer.decoding.strategies import BEAM_RULES, SAMPLE_RULES
 
     parser = argparse.ArgumentParser(
@@ -154,6 +156,9 @@ class Generator:
 
     # ---- text -> tokens
     def encode(self, line: str | bytes, number: int) -> list[int]:
+        """One input line (str or raw bytes) -> token ids: BOS + prompt for an LM, source + EOS
+        for seq2seq. InputError, naming line `number`, for bad UTF-8, an empty line, too many
+        tokens for max_len or ids outside the vocabulary."""
         if isinstance(line, bytes):
             try:
                 line = decode_line(line)
@@ -224,6 +229,9 @@ class Generator:
 
     # ---- tokens -> text
     def text(self, new_tokens: np.ndarray, prompt: str) -> str:
+        """New tokens (max_new_tokens,) -> one output line: cut at the first EOS, decoded, the
+        prompt prepended for an LM with --echo, and \\r / \\n written as the two characters so that
+        each input gives one line."""
         ids = new_tokens.tolist()
         if self.tokenizer.eos_id in ids:
             ids = ids[: ids.index(self.tokenizer.eos_id)]
@@ -234,6 +242,7 @@ class Generator:
 
 
 def batches(items: list, size: int) -> Iterator[list]:
+    """Consecutive slices of `items` of `size` (the last one shorter)."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
@@ -270,6 +279,9 @@ def check_flags_against_model(args: argparse.Namespace, config) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m flax_transformer.generate` / `ftx generate`: print one output
+    line per input line; exit status 2 for a bad workdir, flag or input line (an empty line is
+    printed in its place), else 0."""
     args = parse_args(argv)
     if not args.workdir.is_dir():
         print(f"error: --workdir {args.workdir} is not a directory", file=sys.stderr)

@@ -47,6 +47,8 @@ class Source:
 
 
 def check_common(model, max_new_tokens: int, eos_id: int | None) -> None:
+    """ValueError unless `max_new_tokens` is a positive int and `eos_id` (when given) lies inside
+    the model's target vocabulary."""
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     vocab = model.config.tgt_vocab_size

@@ -26,6 +26,8 @@ PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check the export flags (--workdir or the old positional run directory,
+    format-specific flags, --out); an argparse error (exit 2) names a bad flag."""
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.export",
         description="Export a train.py run as StableHLO, ONNX or int8 TorchScript.",
@@ -103,6 +105,9 @@ def export_run(run, args: argparse.Namespace, directory: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m flax_transformer.export` / `ftx export`: write the chosen format
+    into --out (staged, so a failure leaves no half directory); exit status 2 for a run that
+    cannot be loaded or exported, else 0."""
     args = parse_args(argv)
     from flax_transformer.export.output import staged_output
     from flax_transformer.training.run import load_run

@@ -41,12 +41,14 @@ class Int8Matrix:
     dtype: str = struct.field(pytree_node=False, default="float32")
 
     def dequantize(self) -> jax.Array:
+        """The float matrix values * scale, same shape as `values`, in `dtype`."""
         # jnp, not numpy: on constants (weights baked into an export) the convert is staged
         # into the program, so the int8 values are what it stores.
         return (jnp.asarray(self.values).astype(jnp.float32) * self.scale).astype(self.dtype)
 
     @property
     def nbytes(self) -> int:
+        """Bytes held: the int8 values plus the float32 scales."""
         return int(np.asarray(self.values).nbytes + np.asarray(self.scale).nbytes)
 
 

@@ -41,6 +41,7 @@ def default_max_new_tokens(config, kind: str) -> int:
 
 
 def check_max_new_tokens(config, kind: str, max_new_tokens: int) -> None:
+    """ExportError unless 1 <= `max_new_tokens` <= config.max_len."""
     if not 1 <= max_new_tokens <= config.max_len:
         raise ExportError(
             f"--max-new-tokens {max_new_tokens} must be 1..max_len ({config.max_len})"

@@ -27,6 +27,7 @@ class EncoderGraph(torch.nn.Module):
         self.model = model
 
     def forward(self, src):
+        """src (B, S) int64 -> encoded (B, S, d_model)."""
         return self.model.encode(src)
 
 
@@ -39,6 +40,7 @@ class DecoderGraph(torch.nn.Module):
         self.model = model
 
     def forward(self, encoded, src, tgt_in):
+        """encoded (B, S, d_model), src (B, S), tgt_in (B, T) -> logits (B, T, tgt_vocab_size)."""
         src_mask = torch_reference.make_padding_mask(src, self.model.config.pad_id)
         return self.model.decode(encoded, tgt_in, src_mask)
 

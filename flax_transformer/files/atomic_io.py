@@ -63,9 +63,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (see atomic_path): readers see the old or the new file."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 
 
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    """Write `text` to `path` atomically, encoded with `encoding` (default UTF-8)."""
     atomic_write_bytes(path, text.encode(encoding))

@@ -24,6 +24,8 @@ def split_lines(data: bytes) -> list[bytes]:
 
 
 def decode_line(raw: bytes) -> str:
+    """One raw line as str; LineDecodeError naming the first bad byte and its 1-based column if it
+    is not UTF-8."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

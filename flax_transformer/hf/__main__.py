@@ -19,6 +19,8 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `python -m flax_transformer.hf` / `ftx hf`: the `import` and
+    `export` subcommands and their flags."""
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.hf",
         description="Hugging Face checkpoints (local save_pretrained directories) as train.py "
@@ -86,6 +88,9 @@ def missing_hf_dir(hf_dir: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m flax_transformer.hf` / `ftx hf`: import a save_pretrained
+    directory as a run, or export a run as one; print {"command", "output"} as JSON. Exit status
+    2 for a missing directory or a checkpoint that cannot be converted, else 0."""
     args = parse_args(argv)
     if args.command == "import" and (problem := missing_hf_dir(args.hf_dir)):
         print(f"error: {problem}", file=sys.stderr)

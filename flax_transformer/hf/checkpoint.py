@@ -43,6 +43,9 @@ TOKENIZER_FILES = (
 
 @dataclasses.dataclass
 class HFCheckpoint:
+    """A save_pretrained directory as read: config.json, the weights by HF key,
+    generation_config.json and the weights file they came from."""
+
     hf_config: dict[str, Any]
     state: dict[str, np.ndarray]  # HF key -> array, as stored
     generation_config: dict[str, Any]  # {} when there is no generation_config.json
@@ -50,6 +53,8 @@ class HFCheckpoint:
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object file; ValueError naming `path` and `what` it should hold if it is
+    unreadable, not JSON or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -74,6 +79,8 @@ def read_hf_dir(path: str | Path) -> HFCheckpoint:
 
 
 def read_weights(path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """(the file read, HF key -> array) from model.safetensors, a sharded safetensors index or
+    pytorch_model.bin, in that order; ConversionError if the directory has none."""
     if (path / SAFETENSORS).exists():
         return path / SAFETENSORS, load_safetensors(path / SAFETENSORS)[0]
     if (path / SAFETENSORS_INDEX).exists():
@@ -127,4 +134,5 @@ def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
 
 
 def has_tokenizer(path: Path) -> bool:
+    """Whether the directory holds any of the files a transformers tokenizer is saved as."""
     return any((Path(path) / name).exists() for name in TOKENIZER_FILES)

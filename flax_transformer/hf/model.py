@@ -40,10 +40,12 @@ class HFModel:
 
     @property
     def kind(self) -> str:
+        """This project's model kind of the checkpoint: "seq2seq" or "lm"."""
         return model_kind(self.hf_config)  # the project's kind names: "seq2seq" | "lm"
 
     @property
     def model_type(self) -> str:
+        """config.json's model_type (e.g. "marian", "gpt2")."""
         return self.hf_config["model_type"]
 
     @property

@@ -45,6 +45,9 @@ def load_pretrained_tokenizer(directory: str | Path):
 
 
 class HFTokenizer:
+    """A transformers tokenizer with this project's tokenizer interface; pad/bos/eos ids and
+    vocab_size are the model's."""
+
     kind = "hf"
 
     def __init__(self, tokenizer, *, pad_id: int, bos_id: int, eos_id: int, vocab_size: int):
@@ -57,9 +60,11 @@ class HFTokenizer:
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> text, special tokens skipped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Each id's token as the tokenizer spells it (subword pieces, not decoded text)."""
         return [str(t) for t in self._tok.convert_ids_to_tokens([int(i) for i in ids])]
 
     def save(self, path: str | Path) -> None:
@@ -78,6 +83,9 @@ class HFTokenizer:
 
     @classmethod
     def load(cls, path: str | Path, description: dict) -> HFTokenizer:
+        """The tokenizer a tokenizer.json `description` points at (its hf_tokenizer/ directory
+        beside `path`); ValueError if transformers is missing, the files cannot be loaded or an
+        id is missing."""
         directory = Path(path).parent / description.get("directory", HF_TOKENIZER_DIR)
         try:
             import transformers  # noqa: F401

@@ -206,6 +206,7 @@ def check_hf_state(state, canonical_shapes, model_type: str, where: str) -> None
 
 # ----------------------------------------------------------------------------- whole models
 def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name; "bfloat16" is ml_dtypes' (numpy has none)."""
     if name == "bfloat16":
         import ml_dtypes
 

@@ -164,11 +164,15 @@ def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
 
 
 def save_flax_params(path, params, config: TransformerConfig, model: str = SEQ2SEQ) -> None:
+    """Write a Flax params tree as safetensors, keys '/'-joined Flax paths, with format "flax",
+    `model` and `config` in the metadata; the file is replaced atomically."""
     flat = {"/".join(p): np.asarray(v) for p, v in flatten_params(params).items()}
     save_safetensors(path, flat, config=config, fmt=FORMAT_FLAX, model=model)
 
 
 def save_torch_state(path, state, config: TransformerConfig, model: str = SEQ2SEQ) -> None:
+    """Write a torch state dict (key -> numpy array) as safetensors with format "torch", `model`
+    and `config` in the metadata; the file is replaced atomically."""
     save_safetensors(path, state, config=config, fmt=FORMAT_TORCH, model=model)
 
 
@@ -225,6 +229,8 @@ def load_weights(
 
 
 def load_torch_pickle(path: Path) -> dict[str, np.ndarray]:
+    """A torch .pt/.bin state dict (or a {"state_dict": ...} wrapper) as numpy arrays, loaded
+    with weights_only=True; ConversionError if it is not loadable or holds anything but tensors."""
     import torch
 
     try:
@@ -275,6 +281,9 @@ def load_torch_state(
 
 # ----------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m flax_transformer.convert` / `ftx convert`: convert torch weights
+    to Flax or back (the direction follows the input), print a JSON summary. Exit status 2 for
+    bad flags or unreadable / inconsistent weights, else 0."""
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.convert",
         description="Convert a torch_reference weight file (.safetensors or .pt) to a Flax "

@@ -21,7 +21,7 @@ def model_for(config: TransformerConfig, kind: str):
 
 
 def kind_of(model) -> str:
-    """'transformer' or 'lm' for a model instance (subclasses included)."""
+    """'seq2seq' or 'lm' for a model instance (subclasses included); TypeError for any other."""
     for kind, cls in MODULES.items():
         if isinstance(model, cls):
             return kind
@@ -29,6 +29,8 @@ def kind_of(model) -> str:
 
 
 def is_lm(model) -> bool:
+    """Whether `model` is a TransformerLM (decoder-only), subclasses included; TypeError for a
+    model of no known kind."""
     return kind_of(model) == LM
 
 

@@ -127,6 +127,8 @@ def _tokenizer_for(args, sources: Sequence[WeightSource]):
 
 # ----------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `python -m flax_transformer.parity` / `ftx parity`: the two weight
+    sources A and B (or --workdir), dtype, tolerance and input flags."""
     parser = argparse.ArgumentParser(
         prog="python -m flax_transformer.parity",
         description="Run A's weights in the Flax model and B's weights in the torch twin on the "
@@ -218,6 +220,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_cli(args: argparse.Namespace) -> ParityReport:
+    """Load A and B, build (or encode from --input) a batch both accept, and compare A in Flax
+    with B in the torch twin; the ParityReport. ParityInputError / ValueError for sources or
+    inputs that do not fit together."""
     config = TransformerConfig.load(args.config) if args.config else None
     a = load_source(args.a, config, args.model)
     b = load_source(args.b, config, args.model)
@@ -261,6 +266,9 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m flax_transformer.parity` / `ftx parity`: print the report as a
+    table (or JSON with --json -). Exit status 0 all within tolerance, 1 something out of
+    tolerance, 2 bad input."""
     args = parse_args(argv)
     try:
         report = run_cli(args)

@@ -52,6 +52,9 @@ HYPERPARAMETERS = {
 
 @dataclasses.dataclass(frozen=True)
 class WeightComparison:
+    """One weight of the diverging module, torch side against Flax side after the conversion
+    rule: its status (equal, differs, transposed, swapped, on one side only) and errors."""
+
     torch_name: str | None  # relative to the diverging torch module
     flax_name: str | None  # relative to the paired Flax path, '/'-joined
     status: str  # EQUAL | DIFFERS | TRANSPOSED | SWAPPED | TORCH_ONLY | FLAX_ONLY
@@ -62,6 +65,9 @@ class WeightComparison:
 
 @dataclasses.dataclass(frozen=True)
 class HyperparameterComparison:
+    """One hyperparameter seen on both sides (torch `eps` vs Flax `epsilon`, ...) with both
+    values."""
+
     torch_name: str  # "module.attr"
     flax_name: str  # "path/field"
     torch_value: Any
@@ -69,6 +75,8 @@ class HyperparameterComparison:
 
     @property
     def equal(self) -> bool:
+        """Whether the two values agree: numbers within relative 1e-12, anything else compared as
+        plain values (tuples and lists alike)."""
         if isinstance(self.torch_value, (int, float)) and isinstance(self.flax_value, (int, float)):
             return bool(np.isclose(self.torch_value, self.flax_value, rtol=1e-12, atol=0))
         return _plain(self.torch_value) == _plain(self.flax_value)
@@ -76,6 +84,9 @@ class HyperparameterComparison:
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
+    """Why the first diverging module diverges: the verdict (see the module docstring), its
+    detail and every weight and hyperparameter compared."""
+
     torch_module: str
     flax_module: str
     verdict: str
@@ -87,6 +98,8 @@ class Diagnosis:
     unverified: tuple[str, ...] = ()
 
     def format_lines(self) -> list[str]:
+        """The diagnosis as report lines: the verdict, then one indented line per weight and
+        hyperparameter."""
         lines = [
             f"weights of {self.torch_module} (torch) vs {self.flax_module} (flax): "
             f"{self.verdict}" + (f": {self.detail}" if self.detail else "")
@@ -108,6 +121,7 @@ class Diagnosis:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
+        """The diagnosis as JSON-ready values (the `diagnosis` entry of the report's JSON)."""
         return {
             "torch_module": self.torch_module,
             "flax_module": self.flax_module,
@@ -374,6 +388,9 @@ def diagnose(
     module_pairs: Mapping[str, str],
     tol: float,
 ) -> Diagnosis:
+    """Judge the first diverging module pair (`torch_module` <-> `flax_module`): compare its
+    weights (within relative `tol`) and hyperparameters and return the first verdict that
+    applies."""
     weights = compare_weights_of(
         torch_model, variables, torch_module, flax_module, module_pairs, tol
     )

@@ -16,6 +16,8 @@ class ParityInputError(ValueError):
 
 
 def check_batch(batch: Mapping[str, Any], config: TransformerConfig, model_kind: str) -> None:
+    """ParityInputError unless `batch` holds every input `model_kind` needs as non-empty
+    (batch, length) integer ids inside the vocabulary and no longer than max_len."""
     needed = INPUT_NAMES[model_kind]
     vocab = {"src": config.src_vocab_size, "tgt_in": config.tgt_vocab_size}
     for key in needed:

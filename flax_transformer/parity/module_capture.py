@@ -29,6 +29,9 @@ MAX_DEPTH = 6  # how deep nested outputs are flattened
 
 @dataclasses.dataclass(frozen=True)
 class Captured:
+    """One intermediate tensor of a forward pass: the module that produced it, where in its
+    output, which call, and the array."""
+
     module: str  # torch: dotted module name; Flax: '/'-joined path; ROOT for the model itself
     key: str  # where in the module's output ("" for a plain tensor), or the sown name
     call: int  # 0 for the module's first call, 1 for its second, ...
@@ -46,6 +49,7 @@ class Captured:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
         return tuple(self.array.shape)
 
 
@@ -137,11 +141,15 @@ def _jax_to_numpy(value) -> np.ndarray | None:
 
 
 def flax_module_name(path: Sequence[str]) -> str:
+    """A Flax module path joined with '/'; ROOT for the empty path (the model itself)."""
     return "/".join(path) if path else ROOT
 
 
 @dataclasses.dataclass
 class FlaxCapture:
+    """Everything one Flax forward pass produced, in execution order, and each bound module by
+    name (for its hyperparameters)."""
+
     values: list[Captured]
     modules: dict[str, Any]  # module name -> the bound module (its fields: eps, ...)
 

@@ -36,6 +36,9 @@ NameMapping = Mapping[str, str] | Callable[[str], str | None] | None
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
+    """One torch tensor and the Flax tensor compared with it, and how the pair was found:
+    canonical, mapping or auto."""
+
     torch: Captured
     flax: Captured
     how: str  # CANONICAL | MAPPING | AUTO
@@ -43,6 +46,9 @@ class Pair:
 
 @dataclasses.dataclass
 class Pairing:
+    """The outcome of pairing two captures: the pairs in torch execution order, what stayed
+    unpaired on each side, the module pairs, and mapping targets the Flax side lacks."""
+
     pairs: list[Pair]  # in torch execution order
     torch_only: list[Captured]
     flax_only: list[Captured]

@@ -32,6 +32,9 @@ STATUS_OK, STATUS_FAIL, STATUS_MISSING = "ok", "FAIL", "missing"
 
 @dataclasses.dataclass(frozen=True)
 class TensorComparison:
+    """One compared tensor of the report: its shape, max abs and relative error, how many entries
+    were compared, and its status ("ok", "FAIL" or "missing")."""
+
     name: str
     shape: tuple[int, ...]
     max_abs: float | None  # None when not compared
@@ -47,11 +50,15 @@ class TensorComparison:
 
     @property
     def ok(self) -> bool:
+        """False only when out of tolerance ("FAIL"); a tensor missing on one side does not fail."""
         return self.status != STATUS_FAIL
 
 
 @dataclasses.dataclass(frozen=True)
 class ParityReport:
+    """Every compared tensor in execution order, the tolerance and dtype they were judged at, and
+    (compare_modules) the diagnosis of the first divergence."""
+
     tensors: tuple[TensorComparison, ...]
     tol: float
     dtype: str
@@ -64,10 +71,12 @@ class ParityReport:
 
     @property
     def ok(self) -> bool:
+        """Whether every tensor is within tolerance."""
         return all(t.ok for t in self.tensors)
 
     @property
     def failures(self) -> list[TensorComparison]:
+        """The tensors out of tolerance, in execution order."""
         return [t for t in self.tensors if not t.ok]
 
     @property
@@ -85,6 +94,8 @@ class ParityReport:
         raise KeyError(name)
 
     def summary(self) -> str:
+        """One line: OK with the tensor count and tolerance, or FAIL with the count, where the
+        divergence starts and the diagnosis' verdict."""
         if self.ok:
             return f"OK: all {len(self.tensors)} tensors within relative tolerance {self.tol:.0e}"
         text = (
@@ -96,6 +107,7 @@ class ParityReport:
         return text
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (nan / inf errors as the strings "nan" / "inf")."""
         return {
             "ok": self.ok,
             "first_divergence": self.first_divergence,
@@ -125,6 +137,7 @@ class ParityReport:
         } | ({"diagnosis": self.diagnosis.to_dict()} if self.diagnosis is not None else {})
 
     def to_json(self) -> str:
+        """The report as indented JSON (see to_dict)."""
         return json.dumps(self.to_dict(), indent=2)
 
     def format_table(self) -> str:

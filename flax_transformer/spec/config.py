@@ -25,6 +25,10 @@ ATTENTION_IMPLS = ("auto", "fused", "reference")
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
+    """One model, described completely and checked at construction (ValueError naming every bad
+    field): sizes, architecture switches, dtypes and special token ids, shared by the Flax model
+    and the torch twin."""
+
     src_vocab_size: int = 256
     tgt_vocab_size: int = 256
     d_model: int = 512
@@ -98,19 +102,25 @@ class TransformerConfig:
 
     @property
     def head_dim(self) -> int:
+        """d_model // num_heads, the width of one attention head."""
         return self.d_model // self.num_heads
 
     def replace(self, **changes: Any) -> TransformerConfig:
+        """A copy with `changes` applied, checked again (ValueError on a bad value)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (the keys of config.json)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """The config as indented JSON with sorted keys (what config.json holds)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """A config from field values (missing ones take the defaults); ValueError naming unknown
+        fields or bad values."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -119,6 +129,8 @@ class TransformerConfig:
 
     @classmethod
     def from_json(cls, text: str) -> TransformerConfig:
+        """A config from JSON text; ValueError if it is not a JSON object, names unknown fields
+        or holds bad values."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -128,10 +140,13 @@ class TransformerConfig:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
+        """Write the config as JSON to `path`, atomically."""
         atomic_write_text(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> TransformerConfig:
+        """A config from a JSON file; ValueError naming `path` if it cannot be read or is not a
+        valid config."""
         try:
             text = Path(path).read_text()
         except OSError as err:

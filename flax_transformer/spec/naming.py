@@ -62,6 +62,8 @@ def flatten_params(params: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
 
 
 def unflatten_params(flat: Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
+    """{path tuple: leaf} -> the nested dict tree (the inverse of flatten_params, without the
+    "params" level)."""
     tree: dict[str, Any] = {}
     for path, leaf in flat.items():
         node = tree

@@ -42,6 +42,8 @@ class Int:
     why: str = ""  # appended to the range message, e.g. "(0 = off)"
 
     def describe(self) -> str:
+        """The rule in words for messages, e.g. "an int in [1, 8]" or "a positive int", plus
+        `why`."""
         if self.min is not None and self.max is not None:
             text = f"an int in [{self.min}, {self.max}]"
         elif self.min in (0, 1):
@@ -55,6 +57,7 @@ class Int:
         return text + (f" {self.why}" if self.why else "")
 
     def problem(self, value) -> str | None:
+        """What is wrong with `value` ("must be ..., got ..."), or None when it obeys the rule."""
         if value is None and self.optional:
             return None
         if not _is_int(value):
@@ -66,6 +69,7 @@ class Int:
         return None
 
     def parse(self, text: str):
+        """A flag's text as an int; ValueError if it is not one (flag_type reports it)."""
         return int(text)
 
 
@@ -81,6 +85,7 @@ class Float:
     why: str = ""
 
     def describe(self) -> str:
+        """The rule in words for messages, e.g. "a finite number in (0, 1]", plus `why`."""
         low = self.ge if self.ge is not None else self.gt
         high = self.le if self.le is not None else self.lt
         lower = "" if low is None else f"{'>=' if self.ge is not None else '>'} {low:g}"
@@ -96,6 +101,8 @@ class Float:
         return text + (f" {self.why}" if self.why else "")
 
     def problem(self, value) -> str | None:
+        """What is wrong with `value` (not a finite number, or out of bounds), or None when it
+        obeys the rule."""
         if value is None and self.optional:
             return None
         if not _is_number(value) or not math.isfinite(value):
@@ -109,21 +116,28 @@ class Float:
         return f"must be {self.describe()}, got {value!r}" if bad else None
 
     def parse(self, text: str):
+        """A flag's text as a float; ValueError if it is not a number (flag_type reports it)."""
         return float(text)
 
 
 @dataclasses.dataclass(frozen=True)
 class Bool:
+    """A bool (not 0 / 1)."""
+
     def problem(self, value) -> str | None:
+        """The message "must be true or false, got ..." unless `value` is a bool, else None."""
         return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
+    """One of `options` (plain values); None allowed when `optional`."""
+
     options: tuple
     optional: bool = False
 
     def problem(self, value) -> str | None:
+        """The message "must be one of ..., got ..." unless `value` is an option, else None."""
         if value is None and self.optional:
             return None
         if isinstance(value, str | int | float | bool | type(None)) and value in self.options:
@@ -138,6 +152,8 @@ class Text:
     optional: bool = True
 
     def problem(self, value) -> str | None:
+        """The message "must be a string, got ..." unless `value` is a str (or None when
+        optional), else None."""
         if value is None and self.optional:
             return None
         return None if isinstance(value, str) else f"must be a string, got {value!r}"

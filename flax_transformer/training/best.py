@@ -19,6 +19,9 @@ METRICS = {"valid_loss": False, "exact_match": True}
 
 @dataclasses.dataclass
 class BestTracker:
+    """The best evaluation so far of one metric (valid_loss, lower is better; exact_match, higher
+    is better), its step, and the evaluations since it; ValueError for another metric."""
+
     metric: str = "valid_loss"
     patience: int | None = None  # evaluations without improvement before stopping; None: never
     best: float | None = None
@@ -49,9 +52,13 @@ class BestTracker:
 
     @property
     def should_stop(self) -> bool:
+        """True once `patience` evaluations in a row have not improved on the best (never when
+        patience is None)."""
         return self.patience is not None and self.evals_since_best >= self.patience
 
     def to_json(self) -> dict:
+        """The tracker's state for a checkpoint's meta (every field but patience, which comes
+        from the flags)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("patience",)}
 
     @classmethod

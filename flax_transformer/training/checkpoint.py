@@ -75,6 +75,9 @@ def _on_this_process(abstract_tree):
 
 
 class Checkpointer:
+    """The Orbax checkpoints of one run in `directory` (the last `keep` steps): asynchronous
+    saves, restores that name what is damaged."""
+
     def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
         self.directory = Path(directory).absolute()
         self._pending: int | None = None  # the step of a save that may still be in flight
@@ -93,6 +96,7 @@ class Checkpointer:
         )
 
     def latest_step(self) -> int | None:
+        """The newest saved step, or None when there is no checkpoint."""
         return self.manager.latest_step()
 
     def save(
@@ -200,12 +204,16 @@ class Checkpointer:
         return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
     def steps(self) -> list[int]:
+        """Every step that has a checkpoint."""
         return list(self.manager.all_steps())
 
     def delete(self, step: int) -> None:
+        """Remove the checkpoint of `step`."""
         self.manager.delete(step)
 
     def restore_params(self, abstract_params: Any, step: int | None = None):
+        """Only the params of `step` (default: the latest), shaped like `abstract_params`;
+        CheckpointReadError naming the step if it cannot be read."""
         step = self.latest_step() if step is None else step
         return self._restore(
             step, params=ocp.args.StandardRestore(_on_this_process(abstract_params))

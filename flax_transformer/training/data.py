@@ -31,12 +31,17 @@ class DataError(ValueError):
 # ----------------------------------------------------------------------------- raw text
 @dataclasses.dataclass(frozen=True)
 class Pair:
+    """One training example as text: source and target (an LM document is its target, with an
+    empty source), and where it came from for messages."""
+
     source: str
     target: str
     where: str  # "file:line" or "task:index", for messages
 
 
 def task_target(task: str, source: str) -> str:
+    """The target a built-in task makes of `source`: copy, reverse or sort its characters;
+    DataError for an unknown task."""
     if task == "copy":
         return source
     if task == "reverse":
@@ -290,9 +295,11 @@ class BatchLoader:
         self._plan_epoch, self._plan = None, []
 
     def state(self) -> dict[str, int]:
+        """The loader's position {"epoch", "index"}, all a checkpoint needs to continue exactly."""
         return {"epoch": self.epoch, "index": self.index}
 
     def restore(self, state: dict[str, int]) -> None:
+        """Continue from a position that `state` returned."""
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
     def _epoch_plan(self):

@@ -98,6 +98,7 @@ def start(options: DistributedOptions) -> bool:
 
 
 def joined() -> bool:
+    """Whether this process has joined a multi-process run (jax.distributed is initialized)."""
     return jax.distributed.is_initialized()
 
 
@@ -107,6 +108,7 @@ def is_primary() -> bool:
 
 
 def whoami() -> str:
+    """This process as "process I of N", for log lines and messages."""
     return f"process {jax.process_index()} of {jax.process_count()}"
 
 

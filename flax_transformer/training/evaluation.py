@@ -24,6 +24,9 @@ def evaluate_loss(eval_step, params, batches) -> dict[str, float]:
 
 @dataclasses.dataclass
 class DecodeResult:
+    """Greedy decodes of the validation examples: exact-match fraction, corpus BLEU (0..100) and
+    the texts behind them."""
+
     exact_match: float  # fraction of examples decoded exactly right
     bleu: float  # sacrebleu corpus BLEU, 0..100
     sources: list[str]
@@ -32,6 +35,8 @@ class DecodeResult:
 
 
 def cut_at_eos(ids, eos_id: int) -> list[int]:
+    """Token ids up to (without) the first `eos_id`, as Python ints; all of them when there is
+    none."""
     ids = [int(i) for i in ids]
     return ids[: ids.index(eos_id)] if eos_id in ids else ids
 

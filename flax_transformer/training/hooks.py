@@ -51,10 +51,14 @@ class StepInfo:
 
     @property
     def params(self):
+        """The params after the step (state.params; donated, so copy what you keep)."""
         return self.state.params
 
 
 class StepHook(Protocol):
+    """A step hook: called with a StepInfo after each step and evaluation; returns None to go on
+    or STOP to end the run."""
+
     def __call__(self, info: StepInfo) -> str | None: ...
 
 

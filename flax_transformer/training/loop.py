@@ -61,6 +61,9 @@ class TrainingError(RuntimeError):
 
 @dataclasses.dataclass
 class Job:
+    """Everything one training run needs: its workdir, model config and kind, tokenizer, encoded
+    datasets, options and whether it resumes."""
+
     workdir: Path
     config: TransformerConfig
     model_kind: str  # one of spec.kinds.MODEL_KINDS
@@ -79,6 +82,8 @@ class MetricsLog:
         self.path, self.tensorboard = path, tensorboard  # path None: write nothing
 
     def write(self, record: dict) -> None:
+        """Append one record to metrics.jsonl (and to TensorBoard when on); nothing when path is
+        None (processes other than 0)."""
         if self.path is None:
             return
         run_dir.append_metrics(self.path, record)

@@ -34,6 +34,8 @@ def schedule_value(kind: str, count, peak_lr: float, warmup: int, total_steps: i
 
 
 def make_schedule(kind: str, peak_lr: float, warmup: int, total_steps: int) -> optax.Schedule:
+    """The optax learning-rate schedule of `kind` (inverse_sqrt or cosine) peaking at `peak_lr`
+    after `warmup` steps; ValueError for an unknown kind or warmup < 1."""
     if kind not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
     if warmup < 1:

@@ -34,17 +34,20 @@ class StepProfiler:
         self.directory, self.steps, self.active = Path(directory), steps, False
 
     def before(self, step: int) -> None:
+        """Start the JAX trace before the first profiled step is dispatched."""
         if self.steps and step == self.steps[0]:
             self.directory.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.directory))
             self.active = True
 
     def after(self, step: int, state) -> None:
+        """Stop the trace after the last profiled step has run (waits for `state`)."""
         if self.active and step == self.steps[1]:
             jax.block_until_ready(state)  # the last profiled step has run, not only dispatched
             self.stop()
 
     def stop(self) -> None:
+        """Stop the trace if one is running (also for a run that ends inside the profiled range)."""
         if self.active:
             jax.profiler.stop_trace()
             self.active = False

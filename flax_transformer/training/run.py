@@ -23,6 +23,9 @@ from flax_transformer.training.run_dir import carry_files  # noqa: F401  (its ol
 
 @dataclasses.dataclass
 class RunArtifacts:
+    """A loaded run: its config, model kind, the params of one checkpoint (which one and its
+    step), and its tokenizer."""
+
     config: TransformerConfig
     model_kind: str  # one of spec.kinds.MODEL_KINDS
     params: dict  # {"params": ...} from the chosen checkpoint
@@ -32,6 +35,7 @@ class RunArtifacts:
 
     @property
     def model(self):
+        """The linen module (Transformer or TransformerLM) the params belong to."""
         return model_for(self.config, self.model_kind)
 
 

@@ -130,6 +130,8 @@ def write_tokenizer(workdir: Path, tokenizer) -> None:
 
 
 def read_tokenizer(workdir: Path):
+    """The run's tokenizer from workdir/tokenizer.json (byte, BPE or transformers); ValueError if
+    it is missing or not a tokenizer file."""
     from flax_transformer.training.tokenizer import load_tokenizer
 
     return load_tokenizer(Path(workdir) / TOKENIZER)
@@ -188,6 +190,7 @@ def write_carry_json(workdir: Path, name: str, data: dict) -> None:
 
 # ----------------------------------------------------------------------------- metrics.jsonl
 def metrics_path(workdir: Path) -> Path:
+    """Where the run's metrics.jsonl lives (one JSON record per logged step and evaluation)."""
     return Path(workdir) / METRICS
 
 

@@ -102,6 +102,7 @@ def make_mesh(spec: str | Mapping[str, int], devices: Sequence[jax.Device] | Non
 
 
 def mesh_sizes(mesh: Mesh) -> dict[str, int]:
+    """{"data": n, "model": m}: the mesh's size along each axis (1 for an axis it lacks)."""
     return {axis: mesh.shape.get(axis, 1) for axis in AXES}
 
 

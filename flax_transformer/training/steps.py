@@ -166,6 +166,8 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
 
 
 def add_sums(total: dict[str, float] | None, metrics) -> dict[str, float]:
+    """Add one batch's "loss_sum", "token_count" and "correct" to the running totals (None: start
+    from this batch); floats on the host."""
     keys = ("loss_sum", "token_count", "correct")
     metrics = {k: float(metrics[k]) for k in keys}
     if total is None:

@@ -25,6 +25,9 @@ _EVAL = {"valid_loss": "loss", "token_accuracy": "token_accuracy", "exact_match"
 
 
 class TensorBoardLog:
+    """A tensorboardX writer for the run's tensorboard/ folder: metrics records as scalars,
+    pictures and decoded examples."""
+
     def __init__(self, directory: Path, purge_step: int | None = None):
         from tensorboardX import SummaryWriter  # imported when a run starts, not with the loop
 
@@ -54,9 +57,11 @@ class TensorBoardLog:
         self.writer.add_text("valid/examples", "\n".join(rows), step)
 
     def flush(self) -> None:
+        """Write pending events to disk now."""
         self.writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file."""
         self.writer.close()
 
 

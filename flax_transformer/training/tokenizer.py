@@ -30,6 +30,7 @@ class ByteTokenizer:
     kind = "byte"
 
     def encode(self, text: str) -> list[int]:
+        """Text -> its UTF-8 bytes shifted past the specials (byte b -> id b + 3); no BOS / EOS."""
         return [b + self.offset for b in text.encode("utf-8")]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -50,6 +51,7 @@ class ByteTokenizer:
         return labels
 
     def save(self, path: str | Path) -> None:
+        """Write the tokenizer's description (type and special tokens) to `path`, atomically."""
         atomic_write_text(
             path, json.dumps({"type": BYTE_TOKENIZER_TYPE, "specials": SPECIAL_TOKENS})
         )
@@ -69,6 +71,8 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000) -> BPETokenizer:
+        """Train a byte-level BPE on `texts` with `vocab_size` entries (specials at ids 0, 1, 2);
+        ValueError if vocab_size is not an int or below 259."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
@@ -93,18 +97,24 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of ids, specials included."""
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
+        """Text -> token ids, without special tokens."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
+        """Token ids -> text, special tokens skipped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Each id's text on its own (its token name when that decodes to nothing, "?" when
+        unknown)."""
         return [self.decode([i]) or (self._tok.id_to_token(int(i)) or "?") for i in ids]
 
     def save(self, path: str | Path) -> None:
+        """Write the trained tokenizer as HF tokenizers JSON to `path`, atomically."""
         atomic_write_text(path, self._tok.to_str())
 
 

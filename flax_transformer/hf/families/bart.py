@@ -28,6 +28,9 @@ SWITCHES = dict(
 
 
 def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -> dict:
+    """The TransformerConfig fields of a BART config.json (one shared embedding table, the BART
+    switches); what cannot be expressed goes to `problems`, training-only differences to
+    `warnings`."""
     return seq2seq_fields(hf, problems, warnings, share=True, switches=SWITCHES)
 
 

@@ -88,6 +88,7 @@ class Family:
 
     @property
     def name(self) -> str:
+        """The family's name: its first config.json model_type (e.g. "marian")."""
         return self.model_types[0]
 
     def max_positions(self, hf_config: HFConfig) -> int | None:

@@ -11,6 +11,8 @@ from flax_transformer.spec.kinds import LM
 
 
 def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -> dict:
+    """The TransformerConfig fields of a GPT-2 config.json (decoder only, pre-LN, learned
+    positions; pad_id falls back to eos, then 0); a differing embd_pdrop goes to `warnings`."""
     d_model = hf["n_embd"]
     resid, embd = hf.get("resid_pdrop", 0.1), hf.get("embd_pdrop", 0.1)
     if embd != resid:

@@ -33,17 +33,23 @@ def _shares_embeddings(hf: HFConfig) -> bool:
 
 
 def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -> dict:
+    """The TransformerConfig fields of a Marian config.json (one shared embedding table unless
+    share_encoder_decoder_embeddings is false); what cannot be expressed goes to `problems`."""
     share = _shares_embeddings(hf)
     return seq2seq_fields(hf, problems, warnings, share=share, switches=SWITCHES)
 
 
 def tied_groups(hf: HFConfig) -> list[list[str]]:
+    """HF keys that hold one tensor: the decoder table and lm_head when the embeddings are not
+    shared, else the shared groups."""
     if not _shares_embeddings(hf):  # the head tied to the decoder's own table
         return [["model.decoder.embed_tokens.weight", "lm_head.weight"]]
     return shared_tied_groups(hf)
 
 
 def target_vocab(hf: HFConfig) -> int:
+    """The decoder's vocabulary size: decoder_vocab_size when the embeddings are not shared (and
+    it is set), else vocab_size."""
     if not _shares_embeddings(hf):
         return hf.get("decoder_vocab_size") or hf["vocab_size"]
     return hf["vocab_size"]

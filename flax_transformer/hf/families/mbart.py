@@ -27,6 +27,8 @@ SWITCHES = dict(
 
 
 def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -> dict:
+    """The TransformerConfig fields of an mBART config.json (one shared embedding table, the
+    mBART pre-LN switches); what cannot be expressed goes to `problems`."""
     return seq2seq_fields(hf, problems, warnings, share=True, switches=SWITCHES)
 
 
