@@ -77,6 +77,40 @@ def test_subpackages_import_only_downwards():
     assert not violations, "imports against the arrows:\n" + "\n".join(violations)
 
 
+# The modules at the top of the package, each placed like a room: what it may import of the
+# package. None = an entry point (`python -m flax_transformer.X`), above every room.
+TOP_LEVEL = {
+    "lazy.py": set(),  # the lazy-export and moved-path helpers every room's __init__ uses
+    "__init__.py": {"lazy", "spec", "nn"},  # the public API (names only; loaded lazily)
+    "nnx.py": {"spec", "nn", "interop", "training"},  # the models as flax.nnx modules
+    # paths of 0.1, kept one release: shims onto their new homes
+    "decode.py": {"lazy", "decoding"},
+    "numerics.py": {"lazy", "spec"},
+    "sharding.py": {"lazy", "training"},
+    "convert.py": None,
+    "generate.py": None,
+    "train.py": None,
+    "demo.py": None,
+    "launch.py": None,
+}
+
+
+def test_top_level_modules_are_placed_and_import_only_downwards():
+    modules = {path.name: path for path in PACKAGE.glob("*.py")}
+    unplaced, gone = sorted(set(modules) - set(TOP_LEVEL)), sorted(set(TOP_LEVEL) - set(modules))
+    assert not (unplaced or gone), f"TOP_LEVEL is out of date: unplaced {unplaced}, gone {gone}"
+    violations = []
+    for name, path in modules.items():
+        allowed = TOP_LEVEL[name]
+        if allowed is None:
+            continue
+        for module in imported_modules(path):
+            target = module.split(".")[1]
+            if target != path.stem and target not in allowed:
+                violations.append(f"flax_transformer/{name} imports {module}")
+    assert not violations, "imports against the arrows:\n" + "\n".join(violations)
+
+
 def test_sub_rooms_import_only_what_lies_below_them():
     violations = []
     for sub_room, allowed in SUB_ROOMS.items():
