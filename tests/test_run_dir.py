@@ -18,7 +18,7 @@ import pytest
 import train
 from flax_transformer.spec.presets import PRESETS
 from flax_transformer.training import run_dir
-from flax_transformer.training.run import load_run
+from flax_transformer.training.run import enable_x64_for, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -156,6 +156,14 @@ def test_dtype_trains_in_that_dtype(tmp_path, capsys, dtype, compute, params):
         with jax.enable_x64(True):
             logits = _logits(run)
         assert logits.dtype == np.float64
+        # Without x64 the float64 run would be built in float32: an error says so instead.
+        with pytest.raises(ValueError, match="is a float64 run"):
+            load_run(tmp_path / "w")
+        try:  # what the commands that load a run (generate, export, parity) do first
+            enable_x64_for(tmp_path / "w")
+            assert jax.config.jax_enable_x64
+        finally:
+            jax.config.update("jax_enable_x64", False)
     else:
         assert _logits(run).dtype == jax.numpy.bfloat16
 
@@ -217,7 +225,7 @@ def test_the_warmup_warning_is_for_a_chosen_warmup_only(tmp_path, capsys):
     missing = tmp_path / "no.tsv"  # the run stops at its input, after the options are built
     code, _, err = run_main(capsys, "--steps", "10", "--train-tsv", missing,
                             "--workdir", tmp_path / "w")  # fmt: skip
-    assert code == 1 and "warning:" not in err, err
+    assert code == 2 and "warning:" not in err, err
     code, _, err = run_main(capsys, "--steps", "10", "--warmup", "20", "--train-tsv", missing,
                             "--workdir", tmp_path / "w")  # fmt: skip
-    assert code == 1 and err.count("warning: --warmup 20 is longer than --steps 10") == 1
+    assert code == 2 and err.count("warning: --warmup 20 is longer than --steps 10") == 1

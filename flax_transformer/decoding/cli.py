@@ -286,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir.is_dir():
         print(f"error: --workdir {args.workdir} is not a directory", file=sys.stderr)
         return 2
-    from flax_transformer.training.run import load_run
+    from flax_transformer.training.run import enable_x64_for, load_run
 
+    enable_x64_for(args.workdir)  # a float64 run stays float64
     try:
         run = load_run(args.workdir, args.checkpoint)
     except (ValueError, FileNotFoundError) as err:

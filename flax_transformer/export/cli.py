@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     cannot be loaded or exported, else 0."""
     args = parse_args(argv)
     from flax_transformer.export.output import staged_output
-    from flax_transformer.training.run import load_run
+    from flax_transformer.training.run import enable_x64_for, load_run
 
+    enable_x64_for(args.run_dir)  # a float64 run stays float64
     try:
         run = load_run(args.run_dir, args.checkpoint)
     except (ValueError, FileNotFoundError) as err:

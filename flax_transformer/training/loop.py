@@ -29,7 +29,6 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from flax_transformer.interop.convert import flax_to_torch_state, save_flax_params, save_torch_state
 from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training import run_dir
@@ -427,11 +426,11 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         tensorboard.image("valid/attention", Path(pictures["attention"]), step)
     curves = workdir / run_dir.CURVES
     pictures["curves"] = str(plot_curves(read_metrics(run_dir.metrics_path(workdir)), curves))
-    weights = export_weights(workdir, "", params, cfg, job.model_kind)
+    weights = run_dir.write_weights(workdir, "", params, cfg, job.model_kind)
     if best_params is not None:
         # The best checkpoint's weights too (best_*.safetensors), for the same uses.
         prefix = run_dir.BEST_PREFIX
-        best_weights = export_weights(workdir, prefix, best_params, cfg, job.model_kind)
+        best_weights = run_dir.write_weights(workdir, prefix, best_params, cfg, job.model_kind)
         weights |= {f"best_{name}": path for name, path in best_weights.items()}
     results.update(
         stats,
@@ -440,16 +439,6 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         weights=weights,
     )
     return results  # the CLI writes it as results.json (run_dir.write_results)
-
-
-def export_weights(workdir: Path, prefix: str, params, cfg, kind) -> dict[str, str]:
-    """<prefix>flax_params.safetensors and <prefix>torch_model.safetensors; their paths."""
-    host_params = jax.tree.map(np.asarray, params)
-    paths = run_dir.weight_paths(workdir, prefix)
-    flax_path, torch_path = paths["flax"], paths["torch"]
-    save_flax_params(flax_path, host_params, cfg, kind)
-    save_torch_state(torch_path, flax_to_torch_state(host_params), cfg, kind)
-    return {"flax": str(flax_path), "torch": str(torch_path)}
 
 
 def _attention_picture(model, params, job: Job, workdir: Path) -> Path:

@@ -51,6 +51,12 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         if not (workdir / name).exists():
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
     config = run_dir.read_config(workdir)
+    if is_float64(config) and not jax.config.jax_enable_x64:
+        # Without x64 JAX would build the float64 model in float32: silently another model.
+        raise ValueError(
+            f"{workdir} is a float64 run (--dtype float64): enable JAX's 64-bit mode before "
+            "loading it (jax.config.update('jax_enable_x64', True)); the ftx commands do"
+        )
     run = run_dir.read_run_json(workdir)
     if run is None:
         raise ValueError(f"{workdir / run_dir.RUN_JSON}: not readable JSON (cut short?)")
@@ -74,6 +80,23 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         checkpointer.close()
     params = jax.tree.map(np.asarray, params)
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
+
+
+def is_float64(config: TransformerConfig) -> bool:
+    """Does the model compute or store its parameters in float64 (which needs JAX's x64)?"""
+    return "float64" in (config.dtype, config.param_dtype)
+
+
+def enable_x64_for(workdir: str | Path) -> None:
+    """Turn on JAX's 64-bit mode if the run in `workdir` is float64: the commands that load a
+    run (generate, export, parity, hf export) call it first, before any array exists. A
+    workdir without a readable config is left to load_run to report."""
+    try:
+        config = run_dir.read_config(Path(workdir))
+    except (OSError, ValueError):
+        return
+    if is_float64(config):
+        jax.config.update("jax_enable_x64", True)
 
 
 def init_params_from(init_dir: str | Path, config: TransformerConfig, kind: str):

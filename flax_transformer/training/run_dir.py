@@ -24,7 +24,7 @@ metrics.jsonl (METRICS)         append_metrics, truncate_metrics (loop) -> read_
 tensorboard/                    the loop (TensorBoardLog) -> TensorBoard; event files
 profile/                        the loop (--profile-steps) -> TensorBoard / Perfetto
 curves.png, attention.png       the loop (plots) -> people; PNG
-flax_params.safetensors,        export_weights (loop; with --keep-best also best_*) -> parity,
+flax_params.safetensors,        write_weights (loop; with --keep-best also best_*) -> parity,
 torch_model.safetensors         torch_reference, people; safetensors
 results.json (RESULTS)          write_results (train) -> read_results, people; JSON
 
@@ -100,11 +100,11 @@ LAYOUT = (
           "--profile-steps"),
     Entry(CURVES, "the loop (plots)", "people", "PNG"),
     Entry(ATTENTION, "the loop (plots)", "people", "PNG", "seq2seq"),
-    Entry(FLAX_WEIGHTS, "the loop (export_weights)", "parity, people", "safetensors"),
-    Entry(TORCH_WEIGHTS, "the loop (export_weights)", "parity, torch_reference", "safetensors"),
-    Entry(BEST_PREFIX + FLAX_WEIGHTS, "the loop (export_weights)", "people", "safetensors",
+    Entry(FLAX_WEIGHTS, "write_weights (loop)", "parity, people", "safetensors"),
+    Entry(TORCH_WEIGHTS, "write_weights (loop)", "parity, torch_reference", "safetensors"),
+    Entry(BEST_PREFIX + FLAX_WEIGHTS, "write_weights (loop)", "people", "safetensors",
           "--keep-best"),
-    Entry(BEST_PREFIX + TORCH_WEIGHTS, "the loop (export_weights)", "people", "safetensors",
+    Entry(BEST_PREFIX + TORCH_WEIGHTS, "write_weights (loop)", "people", "safetensors",
           "--keep-best"),
     Entry(RESULTS, "write_results (train)", "read_results, people",
           "JSON: scores, examples, paths"),
@@ -236,6 +236,25 @@ def weight_paths(workdir: Path, prefix: str = "") -> dict[str, Path]:
         raise ValueError(f"weight file prefix must be '' or {BEST_PREFIX!r}, got {prefix!r}")
     workdir = Path(workdir)
     return {"flax": workdir / (prefix + FLAX_WEIGHTS), "torch": workdir / (prefix + TORCH_WEIGHTS)}
+
+
+def write_weights(workdir: Path, prefix: str, params, config, kind: str) -> dict[str, str]:
+    """<prefix>flax_params.safetensors and <prefix>torch_model.safetensors (the config and kind
+    inside, for both frameworks) from `params` (the inner tree, on any device); their paths."""
+    import numpy as np
+
+    from flax_transformer.interop.convert import (
+        flax_to_torch_state,
+        save_flax_params,
+        save_torch_state,
+    )
+    from flax_transformer.spec.naming import flatten_params, unflatten_params
+
+    host_params = unflatten_params({k: np.asarray(v) for k, v in flatten_params(params).items()})
+    paths = weight_paths(workdir, prefix)
+    save_flax_params(paths["flax"], host_params, config, kind)
+    save_torch_state(paths["torch"], flax_to_torch_state(host_params), config, kind)
+    return {name: str(path) for name, path in paths.items()}
 
 
 def _read_json_object(path: Path) -> dict | None:
