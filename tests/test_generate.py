@@ -166,4 +166,4 @@ def test_lm_run_continues_prompts(lm_run, monkeypatch, capsys):
         ["--workdir", str(lm_run), "--max-new-tokens", str(N_NEW)], "y" * 20 + "\n",
         monkeypatch, capsys,
     )  # fmt: skip
-    assert code == 1 and "line 1" in err and "allows at most 19" in err
+    assert code == 2 and "line 1" in err and "allows at most 19" in err
