@@ -80,27 +80,76 @@ def _transformers_filter(scores, temperature, top_k, top_p):
     return np.isfinite(x.numpy())
 
 
+@pytest.mark.parametrize("ties", ["keep", "transformers"])
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p"), [(1.0, 5, 1.0), (0.7, 0, 0.9), (1.5, 20, 0.5)]
 )
-def test_the_sampling_rule_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p):
-    """Without ties at the top-p cut, the engine's one sampling rule keeps exactly the tokens
-    transformers' warpers keep (the rule both generate paths now share)."""
+def test_the_sampling_rule_keeps_the_tokens_transformers_keeps(temperature, top_k, top_p, ties):
+    """Without ties at the top-p cut, both tie policies keep exactly the tokens transformers'
+    warpers keep."""
     scores = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32) * 3
-    rule = ChooseSample(temperature, top_k, top_p)
+    rule = ChooseSample(temperature, top_k, top_p, top_p_ties=ties)
     ours = np.isfinite(rule.filtered(jnp.asarray(scores) / temperature))
     np.testing.assert_array_equal(ours, _transformers_filter(scores, temperature, top_k, top_p))
 
 
-def test_top_p_keeps_both_of_two_equal_tokens_at_the_cut():
-    """The behaviour change of the HF sampling path (decoding/rules.py): probabilities
-    (0.5, 0.25, 0.25) with top_p 0.6. The two 0.25 tokens are equal; transformers' warper keeps
-    one of them (whichever its sort puts last), the engine keeps both."""
+def _hf_rule(top_k, top_p, vocab=50):
+    """The sampling rule hf.generate builds (its plan and knobs from transformers' options)."""
+    from flax_transformer.hf.generation_options import resolve
+    from flax_transformer.hf.generation_processors import plan_and_knobs, sampling_rule
+
+    opts = resolve(kwargs=dict(do_sample=True, top_k=top_k, top_p=top_p, max_new_tokens=4),
+                   generation_config={}, hf_config={}, is_seq2seq=False, prompt_len=1,
+                   vocab_size=vocab)  # fmt: skip
+    return sampling_rule(*plan_and_knobs(opts, vocab))
+
+
+def test_top_p_ties_at_the_cut_hf_as_transformers_project_keeps_both():
+    """Probabilities (0.25, 0.5, 0.25), top_p 0.6: the two 0.25 tokens are equal. transformers'
+    warper (stable ascending sort) drops the first of them and keeps the other; Hugging Face's
+    generate keeps exactly that set, the project's Sample keeps both (decoding/rules.py)."""
     scores = np.log(np.array([[0.25, 0.5, 0.25]], np.float32))
-    ours = np.isfinite(ChooseSample(1.0, 0, 0.6).filtered(jnp.asarray(scores)))
-    np.testing.assert_array_equal(ours, [[True, True, True]])
     theirs = _transformers_filter(scores, 1.0, 0, 0.6)
-    assert theirs.sum() == 2 and theirs[0, 1]
+    np.testing.assert_array_equal(theirs, [[False, True, True]])
+    hf = ChooseSample(1.0, 0, 0.6, use_top_k=False, top_p_ties="transformers")
+    np.testing.assert_array_equal(np.isfinite(hf.filtered(jnp.asarray(scores))), theirs)
+    project = ChooseSample(1.0, 0, 0.6)
+    np.testing.assert_array_equal(np.isfinite(project.filtered(jnp.asarray(scores))), [[1, 1, 1]])
+
+
+def _stable_torch_sort(monkeypatch):
+    """torch.sort made stable (what torch's default sort does for rows of <= 16 entries)."""
+    torch = pytest.importorskip("torch")
+    sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda x, **kw: sort(x, **kw, stable=True))
+
+
+@pytest.mark.parametrize("vocab", [16, 50])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.6), (0, 0.9), (7, 0.8), (12, 0.3), (5, 1.0)])
+def test_hf_sampling_rule_keeps_transformers_set_with_many_ties(top_k, top_p, vocab, monkeypatch):
+    """Logits on a coarse grid (many equal values at every cut): the rule hf.generate uses
+    keeps exactly transformers' set, ties included, the top-p cut compared as transformers
+    compares it (float32 of the Python 1 - top_p). Rows of 16 tokens: transformers' warpers
+    as they run (torch's default sort is stable up to 16 entries). Rows of 50: torch's default
+    sort is not stable there (the order of equal logits is torch's implementation detail), so
+    the warpers run with torch.sort(stable=True), the order this rule reproduces."""
+    rng = np.random.default_rng(3)
+    scores = rng.integers(-4, 3, size=(64, vocab)).astype(np.float32) / 2
+    rule = _hf_rule(top_k, top_p, vocab)
+    assert rule.top_p_ties == "transformers"
+    ours = np.isfinite(rule.filtered(jnp.asarray(scores)))
+    if vocab > 16:
+        _stable_torch_sort(monkeypatch)
+    theirs = _transformers_filter(scores, 1.0, top_k, top_p)
+    np.testing.assert_array_equal(ours, theirs)
+    if top_p < 1.0:  # the case exercises the tie rule: the project's rule keeps more somewhere
+        project = np.isfinite(ChooseSample(1.0, top_k, top_p).filtered(jnp.asarray(scores)))
+        assert (project & ~theirs).any() and not (theirs & ~project).any()
+
+
+def test_top_p_ties_must_be_a_known_policy():
+    with pytest.raises(ValueError, match="top_p_ties must be 'keep' or 'transformers'"):
+        ChooseSample(top_p_ties="drop")
 
 
 def test_temperature_zero_is_greedy_and_one_divides_exactly():

@@ -9,14 +9,19 @@ One sampling rule for both paths (before the engine the two disagreed on the det
 - temperature: logits / temperature in float32; temperature 0 is greedy (the project's rule;
   transformers refuses 0, and hf/generation_options.py still does); dividing by 1 is exact, so
   transformers' "only when != 1" gives the same numbers.
-- top-k: the k-th best logit and everything equal to it stay (k 0 = off).
-- top-p: sorted best first, a token stays while the probability mass strictly before it is
-  < top_p (after top-k). Every token equal to the least likely kept one stays too, so the set
-  does not depend on how a sort orders equal logits; transformers' TopPLogitsWarper (ascending
-  sort, drop while cumulative <= 1 - top_p) can keep one of two equal tokens and drop the other.
-  Its cumulative sum runs from the least likely token; this one adds the largest first.
-  `tests/test_decode_engine.py` shows the tie case; it is the one behaviour change of the HF
-  sampling path.
+- top-k: the k-th best logit and everything equal to it stay (k 0 = off), as transformers'
+  TopKLogitsWarper (`scores < topk(scores, k)[-1]` goes).
+- top-p, two tie policies (`top_p_ties`, static):
+  - "keep" (the project's `Sample`): sorted best first, a token stays while the probability
+    mass strictly before it is < top_p (after top-k), and every token equal to the least
+    likely kept one stays too, so the set does not depend on how a sort orders equal logits.
+  - "transformers" (Hugging Face `generate`, which promises transformers' semantics): its
+    TopPLogitsWarper exactly: a stable ascending sort, cumulative probability from the least
+    likely token, a token goes while that is <= 1 - top_p (`top_p_cut`: transformers' Python
+    `1 - top_p` rounded to float32 on the host; default 1 - top_p in float32), the best
+    (min_tokens_to_keep = 1) always stays. Of two equal tokens at the cut it can drop the
+    first (lower index) and keep the other: the stable sort puts the lower index first.
+  Without ties at the cut both keep the same set (tests/test_decode_engine.py).
 `use_top_k` / `use_top_p` are compile-time switches (Hugging Face's plan turns unused filters
 off so their sorts are not compiled); the numbers are traced.
 """
@@ -24,6 +29,7 @@ off so their sorts are not compiled); the numbers are traced.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +67,17 @@ class ChooseSample:
     top_p: float | jax.Array = 1.0
     use_top_k: bool = True  # static: compile the top-k filter
     use_top_p: bool = True  # static: compile the top-p filter
+    top_p_ties: Literal["keep", "transformers"] = "keep"  # static (module docstring)
+    top_p_cut: float | jax.Array | None = None  # "transformers": 1 - top_p as the host rounds it
 
     needs_key = True
+
+    def __post_init__(self):
+        if self.top_p_ties not in ("keep", "transformers"):
+            raise ValueError(
+                "ChooseSample: top_p_ties must be 'keep' or 'transformers', "
+                f"got {self.top_p_ties!r}"
+            )
 
     def __call__(self, logits: jax.Array, key: jax.Array) -> jax.Array:
         greedy = first_argmax(logits)
@@ -76,12 +91,12 @@ class ChooseSample:
         """logits (R, V) float32 with the tokens outside top-k / top-p set to -inf."""
         if not (self.use_top_k or self.use_top_p):
             return logits
+        if self.top_p_ties == "transformers":
+            return self._filtered_as_transformers(logits)
         ranked = jnp.sort(logits, axis=-1)[:, ::-1]  # (R, V) best first
         cut = jnp.full(logits.shape[:1] + (1,), NEG_INF, logits.dtype)  # (R, 1)
         if self.use_top_k:  # below the k-th best logit goes (ties with it stay)
-            top_k = self.top_k
-            kth_best = jnp.take(ranked, jnp.clip(top_k, 1, ranked.shape[1]) - 1, axis=1)[:, None]
-            cut = jnp.where(top_k > 0, kth_best, NEG_INF)
+            cut = self._top_k_cut(ranked)
             ranked = jnp.where(ranked < cut, NEG_INF, ranked)
         if self.use_top_p:  # the smallest best-first set whose probability reaches top_p
             probs = jax.nn.softmax(ranked, axis=-1)
@@ -90,3 +105,28 @@ class ChooseSample:
             least_likely_kept = jnp.min(kept, axis=-1, keepdims=True)
             cut = jnp.where(self.top_p < 1.0, jnp.maximum(cut, least_likely_kept), cut)
         return jnp.where(logits < cut, NEG_INF, logits)
+
+    def _top_k_cut(self, ranked: jax.Array) -> jax.Array:
+        """(R, 1) the k-th best logit of `ranked` (R, V) best first; -inf when k is 0."""
+        top_k = self.top_k
+        kth_best = jnp.take(ranked, jnp.clip(top_k, 1, ranked.shape[1]) - 1, axis=1)[:, None]
+        return jnp.where(top_k > 0, kth_best, NEG_INF)
+
+    def _filtered_as_transformers(self, logits: jax.Array) -> jax.Array:
+        """TopKLogitsWarper then TopPLogitsWarper (min_tokens_to_keep 1), as transformers runs
+        them: top-p sees the top-k-filtered scores."""
+        if self.use_top_k:
+            cut = self._top_k_cut(jnp.sort(logits, axis=-1)[:, ::-1])
+            logits = jnp.where(logits < cut, NEG_INF, logits)
+        if not self.use_top_p:
+            return logits
+        vocab = logits.shape[-1]
+        order = jnp.argsort(logits, axis=-1, stable=True)  # ascending; equal logits by index
+        ascending = jnp.take_along_axis(logits, order, axis=-1)
+        cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
+        top_p_cut = 1.0 - self.top_p if self.top_p_cut is None else self.top_p_cut
+        remove = (cumulative <= top_p_cut) & (jnp.arange(vocab) < vocab - 1)  # the best stays
+        remove &= self.top_p < 1.0  # transformers runs no top-p warper at top_p 1
+        rows = jnp.arange(logits.shape[0])[:, None]
+        remove = jnp.zeros_like(remove).at[rows, order].set(remove)  # back to token order
+        return jnp.where(remove, NEG_INF, logits)

@@ -17,9 +17,11 @@ Order and rules, as transformers 5.x applies them:
 5. forced_bos_token_id: at cur_len == 1 every other token is -inf, that one 0.
 6. forced_eos_token_id: at cur_len == max_length - 1 every other token is -inf, EOS 0.
 Sampling only (greedy and beam search never apply them): temperature (if != 1), top_k (if
-!= 0; the k-th best score and everything equal to it stays), top_p (if < 1): these are the
-decoding engine's one sampling rule (`sampling_rule`, decoding.rules.ChooseSample), whose top-p
-keeps every token tied with the least likely kept one (transformers may drop one of a tie).
+!= 0; the k-th best score and everything equal to it stays), top_p (if < 1; transformers'
+TopPLogitsWarper exactly: a stable ascending sort, tokens whose cumulative probability is
+<= 1 - top_p go, the best one always stays; of two equal tokens at the cut one may go). These
+are the decoding engine's sampling rule (`sampling_rule`, decoding.rules.ChooseSample with
+top_p_ties="transformers"; the project's own `Sample` keeps both of two equal tokens instead).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Knobs:
     temperature: jax.Array  # () float32
     top_k: jax.Array  # () int32
     top_p: jax.Array  # () float32
+    top_p_cut: jax.Array  # () float32: 1 - top_p in double, rounded, as transformers compares
     length_penalties: jax.Array  # (N + 2,) float32: n ** length_penalty for n = 0..N+1
     early_stopping: jax.Array  # () bool: early_stopping is True
     optimistic_length: jax.Array  # () bool: "never" with length_penalty > 0 (beam.py)
@@ -109,6 +112,7 @@ def plan_and_knobs(opts: Options, vocab: int) -> tuple[ProcessorPlan, Knobs]:
         temperature=np.float32(opts.temperature),
         top_k=np.int32(min(max(opts.top_k, 1), vocab)),
         top_p=np.float32(opts.top_p),
+        top_p_cut=np.float32(1.0 - opts.top_p),
         length_penalties=np.asarray(penalties, np.float32),
         early_stopping=np.bool_(opts.early_stopping is True),
         optimistic_length=np.bool_(opts.early_stopping == "never" and opts.length_penalty > 0),
@@ -199,7 +203,7 @@ class HFProcessors:
 
 def sampling_rule(plan: ProcessorPlan, knobs: Knobs):
     """transformers' sampling warpers (temperature, top-k, top-p) as the engine's one sampling
-    rule (decoding.rules.ChooseSample: see there for the top-p tie rule); the filters the plan
+    rule (decoding.rules.ChooseSample) with transformers' top-p tie rule; the filters the plan
     leaves off are not compiled."""
     return ChooseSample(
         temperature=knobs.temperature,  # dividing by 1 (plan.temperature off) is exact
@@ -207,6 +211,8 @@ def sampling_rule(plan: ProcessorPlan, knobs: Knobs):
         top_p=knobs.top_p,
         use_top_k=plan.top_k,
         use_top_p=plan.top_p,
+        top_p_ties="transformers",
+        top_p_cut=knobs.top_p_cut,
     )
 
 
