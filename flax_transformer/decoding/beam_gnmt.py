@@ -52,9 +52,12 @@ class GNMTBeam:
 
     @property
     def beams(self) -> int:
+        """K, the beams per row: the strategy's size."""
         return self.strategy.size
 
     def init(self, batch: int) -> Hypotheses:
+        """No finished hypotheses, pad-filled sequences (B, K, max_new_tokens); only beam 0
+        live (the K beams start identical)."""
         beams, n_new = self.beams, self.max_new_tokens
         empty = jnp.full((batch, beams, n_new), self.pad_id, jnp.int32)
         first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)  # identical beams: keep one

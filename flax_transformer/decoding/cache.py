@@ -57,12 +57,17 @@ def init_cache(
 
 @dataclasses.dataclass(frozen=True)
 class Stepper:
+    """A model's two decoding calls: `start(prefix (B, m))` -> (logits (B, V), state), and
+    `feed(state, token (R,), pos ())` -> (logits (R, V), state) after `token` at position pos."""
+
     start: Callable[[jax.Array], tuple[jax.Array, Any]]
     feed: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
 @struct.dataclass
 class CachedState:
+    """The KV-cached stepper's state: the `cache` collection and the source mask."""
+
     cache: dict  # the `cache` collection, leaves (B, ...) and scalar indices
     src_mask: jax.Array | None  # (B, 1, 1, S) for a seq2seq model, else None
 
@@ -81,15 +86,20 @@ class CachedState:
 
 @struct.dataclass
 class BufferState:
+    """The recomputing stepper's state: the token buffer, and the encoder output and source
+    mask of a seq2seq model."""
+
     buffer: jax.Array  # (B, cache_len) every token so far, zeros after them
     encoded: jax.Array | None  # (B, S, d_model) the encoder output, None for an LM
     src_mask: jax.Array | None  # (B, 1, 1, S), None for an LM
 
-    def for_beams(self, beams: int) -> BufferState:  # every leaf tiled to (B*K, ...)
+    def for_beams(self, beams: int) -> BufferState:
+        """Each row's state for its `beams` beams: every leaf tiled to (B*K, ...)."""
         return jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), self)
 
     def reordered(self, beam_index: jax.Array) -> BufferState:
-        # encoded / src_mask are the same for every beam of a row: only the tokens move.
+        """Every beam's buffer follows its parent: beam_index (B, K), parents within the row.
+        encoded / src_mask are the same for every beam of a row: only the tokens move."""
         return self.replace(buffer=_gather_beams(self.buffer, beam_index))
 
 
@@ -118,11 +128,15 @@ def _gather_beams(x: jax.Array, beam_index: jax.Array) -> jax.Array:
 
 
 def make_stepper(model, variables, source: Source | None, cache_len: int, use_cache: bool):
+    """The KV-cached stepper (`use_cache`) or the recomputing one, for up to `cache_len`
+    tokens; `source` is the encoder input of a seq2seq model, None for an LM."""
     make = cached_stepper if use_cache else uncached_stepper
     return make(model, variables, source, cache_len)
 
 
 def cached_stepper(model, variables, source: Source | None, cache_len: int) -> Stepper:
+    """Feeds one token per step through the KV cache; a seq2seq model encodes `source` once
+    in `start`, which raises ValueError (init_cache) if cache_len exceeds the model's max_len."""
     with_cache = lambda cache: {**variables, "cache": cache}  # noqa: E731
 
     def apply(state: CachedState, encoded, tokens):  # tokens (B, n) -> logits (B, V), state

@@ -42,13 +42,22 @@ class Choice:
 
 
 class Selector(Protocol):
+    """What `run_search` needs of a search shape and its rules (module docstring)."""
+
     beams: int  # hypotheses the model runs per row (1: one token per row)
 
-    def init(self, batch: int) -> Any: ...
+    def init(self, batch: int) -> Any:
+        """The selector's carry before the first choice, for `batch` rows."""
+        ...
 
-    def step(self, carry: Any, done: jax.Array, pos: jax.Array, logits: jax.Array) -> Choice: ...
+    def step(self, carry: Any, done: jax.Array, pos: jax.Array, logits: jax.Array) -> Choice:
+        """Choose the tokens at position pos () from logits (B*beams, V); done (B,) rows
+        already finished."""
+        ...
 
-    def result(self, carry: Any) -> Any: ...
+    def result(self, carry: Any) -> Any:
+        """The search's output, read from the final carry."""
+        ...
 
 
 @struct.dataclass

@@ -42,6 +42,8 @@ class History:
 
 @struct.dataclass
 class TokenCarry:
+    """The TokenSelector's loop carry: the output buffer and each row's progress."""
+
     buffer: jax.Array  # (B, W) int32 the output, written in place
     unfinished: jax.Array  # (B,) no EOS yet
     steps: jax.Array  # (B,) new tokens written
@@ -49,6 +51,9 @@ class TokenCarry:
 
 @dataclasses.dataclass(frozen=True)
 class TokenSelector:
+    """The engine's selector for one token per row and step (module docstring); `result`:
+    (buffer (B, W), steps (B,))."""
+
     prompts: Any  # tokens (B, P), lengths (B,), forced(pos), token_at(pos)
     buffer: jax.Array  # (B, W) the output before anything is chosen
     offset: jax.Array  # (B,) buffer column = pos + offset
@@ -63,6 +68,7 @@ class TokenSelector:
     beams = 1
 
     def init(self, batch: int) -> TokenCarry:
+        """The buffer as given, every row unfinished, no new tokens written."""
         return TokenCarry(
             buffer=self.buffer,
             unfinished=jnp.ones((batch,), bool),
@@ -95,6 +101,7 @@ class TokenSelector:
         return Choice(TokenCarry(buffer, unfinished, steps), token, done, None)
 
     def result(self, carry: TokenCarry):
+        """(buffer (B, W), steps (B,): new tokens written per row, pad fill included)."""
         return carry.buffer, carry.steps
 
 

@@ -52,6 +52,8 @@ BIG = 1.0e9  # transformers' "very large negative" score offset (float32 arithme
 
 @struct.dataclass
 class BeamCarry:
+    """HFBeam's loop carry: the K running beams and the finished pool of each row."""
+
     run_seq: jax.Array  # (B, K, L) running beams, transformers' layout
     run_scores: jax.Array  # (B, K) float32
     fin_seq: jax.Array  # (B, K, L) the finished pool, best first
@@ -72,6 +74,8 @@ class HFBeam:
     n_new: int
 
     def init(self, batch: int) -> BeamCarry:
+        """Every beam the row's prompt (B, K, max_length); beam 0 scores 0, the others -1e9;
+        an empty pool."""
         beams, length = self.beams, self.rows.seq.shape[1]
         seq = jnp.broadcast_to(self.rows.seq[:, None, :], (batch, beams, length))
         first_scores = jnp.where(jnp.arange(beams) == 0, 0.0, -BIG).astype(jnp.float32)
@@ -162,4 +166,5 @@ class HFBeam:
         )
 
     def result(self, loop: BeamCarry):
+        """The pool: seq (B, K, max_length) and new-token lengths (B, K), best first."""
         return loop.fin_seq, loop.fin_len

@@ -128,6 +128,7 @@ class Options:
 
     @property
     def max_new_tokens(self) -> int:
+        """Tokens the search may add per row: max_length - prompt_len."""
         return self.max_length - self.prompt_len
 
 

@@ -78,6 +78,8 @@ class Knobs:
 
 
 def plan_and_knobs(opts: Options, vocab: int) -> tuple[ProcessorPlan, Knobs]:
+    """The checked options split for jit: which processors run (static) and their numbers,
+    token masks (V,) and length-penalty table (traced)."""
     sampling = opts.do_sample
     plan = ProcessorPlan(
         repetition=opts.repetition_penalty != 1.0,

@@ -18,9 +18,11 @@ class Rows:
     seq: jax.Array  # (B, max_length) transformers' layout: prompt as given, then fill
 
     def forced(self, pos):
+        """(B,) bool: the token at position `pos` is still the prompt's, not a choice."""
         return pos < self.lengths
 
-    def token_at(self, pos):  # (B,) the prompt token at position pos (clamped)
+    def token_at(self, pos):
+        """tokens[:, pos] (B,), clamped inside the prompt (the value is only used where forced)."""
         pos = jnp.minimum(pos, self.tokens.shape[1] - 1)
         return jax.lax.dynamic_index_in_dim(self.tokens, pos, axis=1, keepdims=False)
 
