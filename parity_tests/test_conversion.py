@@ -105,11 +105,11 @@ def test_cli_converts_pt_and_safetensors_both_ways(tmp_path):
 def test_cli_reports_bad_input_without_traceback(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     result = run_cli(tmp_path / "junk.safetensors", tmp_path / "out.safetensors")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "junk.safetensors" in result.stderr and "Traceback" not in result.stderr
     torch.save({k: tr.numpy_to_tensor(v) for k, v in torch_state().items()}, tmp_path / "m.pt")
     result = run_cli(tmp_path / "m.pt", tmp_path / "out.safetensors")
-    assert result.returncode == 1 and "carries no config" in result.stderr
+    assert result.returncode == 2 and "carries no config" in result.stderr
 
 
 def test_wrong_config_lists_every_mismatch():

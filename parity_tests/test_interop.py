@@ -607,5 +607,5 @@ def test_cli_check(capsys):
     report = json.loads(capsys.readouterr().out)
     for path in ("regular_path", "fast_path"):
         assert report[path]["relative_error"] <= 1e-12, report
-    assert interop_cli(["--d-model", "10", "--nhead", "4"]) == 1
+    assert interop_cli(["--d-model", "10", "--nhead", "4"]) == 2
     assert "invalid nn.Transformer settings" in capsys.readouterr().err

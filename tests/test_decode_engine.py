@@ -213,6 +213,7 @@ def tiny_lm():
     return model, variables, prompts
 
 
+@pytest.mark.slow  # 11 s of compiling; the shims' warnings alone are tested fast above
 def test_old_decoding_search_functions_warn_and_decode_the_same(tiny_lm):
     """decoding.sampling.greedy_or_sample / choose and decoding.beam.beam_search still decode
     (one engine run each), the same tokens and scores as generate."""

@@ -269,7 +269,7 @@ def test_bad_tsv_gets_a_clear_message(tmp_path, capsys, content, fragments):
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     workdir = tmp_path / "w"
     code, _, err = run_main(capsys, "--train-tsv", path, "--workdir", workdir)
-    assert_clean_error(code, err, 1, *fragments)
+    assert_clean_error(code, err, 2, *fragments)
     assert not (workdir / "run.json").exists()  # nothing written for a broken run
 
 
