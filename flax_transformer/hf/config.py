@@ -12,6 +12,7 @@ from typing import Any
 
 from flax_transformer.hf.families import FAMILIES, MODEL_TYPES, family_for
 from flax_transformer.hf.families.family import UnsupportedConfigError, first_id
+from flax_transformer.hf.families.field_types import config_problems
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import SEQ2SEQ
 
@@ -39,6 +40,7 @@ __all__ = [
     "REQUIRED",
     "SEQ2SEQ_TYPES",
     "UnsupportedConfigError",
+    "check_hf_config",
     "first_id",
     "hf_to_config",
     "model_kind",
@@ -50,34 +52,54 @@ def model_kind(hf_config: dict[str, Any]) -> str:
     return family_for(hf_config.get("model_type")).kind
 
 
+def _raise(where: str, model_type: str, problems: list[str]):
+    """One UnsupportedConfigError: the file, then one line per problem, each naming its key."""
+    lines = "\n  ".join(problems)
+    raise UnsupportedConfigError(
+        f"{where}: {len(problems)} problem(s) with this {model_type} config (nothing was "
+        f"loaded):\n  {lines}"
+    )
+
+
+def check_hf_config(hf_config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
+    """config.json checked against the types its family declares (hf/families/field_types.py):
+    every missing required key, wrongly typed value and width its heads do not divide in one
+    UnsupportedConfigError. Returns a copy with integral floats (512.0) as ints."""
+    model_type = hf_config.get("model_type")
+    family = family_for(model_type, where)
+    checked, problems = config_problems(hf_config, family)
+    if problems:
+        _raise(where, model_type, problems)
+    return checked
+
+
 def hf_to_config(
     hf_config: dict[str, Any], dtype: str = "float32", where: str = "config.json"
 ) -> tuple[TransformerConfig, list[str]]:
     """(TransformerConfig, training-only warnings) for a Hugging Face config dict.
 
-    Raises UnsupportedConfigError naming every option that cannot be expressed.
+    Raises UnsupportedConfigError naming every value of the wrong type and every option that
+    cannot be expressed.
     """
     model_type = hf_config.get("model_type")
     family = family_for(model_type, where)
-    problems, warnings = [], []
-    missing = [name for name in family.required if hf_config.get(name) is None]
-    if missing:
-        raise UnsupportedConfigError(f"{where}: {model_type} config lacks {', '.join(missing)}")
+    hf_config, problems = config_problems(hf_config, family)
+    typed = not problems  # the family's mapping reads values of the declared types only
+    warnings: list[str] = []
     for name, value in family.legacy_values.items():
         if name in hf_config and hf_config[name] != value:
             problems.append(f"{name}={hf_config[name]!r} (only {value!r} is supported)")
     architectures = hf_config.get("architectures") or []
-    unknown = [a for a in architectures if a not in family.architectures]
+    listed = architectures if isinstance(architectures, list) else []  # else a type problem
+    unknown = [a for a in listed if a not in family.architectures]
     if unknown:
         problems.append(f"architectures={unknown} (supported: {', '.join(family.architectures)})")
     activation = hf_config.get("activation_function", family.default_activation)
-    if activation not in ACTIVATIONS:
+    if isinstance(activation, str) and activation not in ACTIVATIONS:
         problems.append(f"activation_function={activation!r} (supported: {', '.join(ACTIVATIONS)})")
-    fields = family.config_to_switches(hf_config, problems, warnings)
+    fields = family.config_to_switches(hf_config, problems, warnings) if typed else {}
     if problems:
-        raise UnsupportedConfigError(
-            f"{where}: {model_type} options this project cannot express: " + "; ".join(problems)
-        )
+        _raise(where, model_type, problems)
     fields.update(
         activation=ACTIVATIONS[activation],
         dtype=dtype,

@@ -17,7 +17,7 @@ from flax_transformer.hf.checkpoint import (
     read_hf_dir,
     write_hf_dir,
 )
-from flax_transformer.hf.config import hf_to_config, model_kind
+from flax_transformer.hf.config import check_hf_config, hf_to_config, model_kind
 from flax_transformer.hf.families import Family, family_for
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
@@ -151,18 +151,21 @@ def load(path: str | Path, dtype: str = "float32") -> HFModel:
         )
     path = Path(path)
     checkpoint = read_hf_dir(path)
-    config, notes = hf_to_config(checkpoint.hf_config, dtype, where=str(path / "config.json"))
+    where = str(path / "config.json")
+    # Typed as transformers declares (512.0 read as 512): the weights' shapes come from it too.
+    hf_config = check_hf_config(checkpoint.hf_config, where)
+    config, notes = hf_to_config(hf_config, dtype, where=where)
     for note in notes:
         warnings.warn(f"{path}: {note}", stacklevel=2)
-    kind = model_kind(checkpoint.hf_config)
+    kind = model_kind(hf_config)
     params = hf_state_to_params(
-        checkpoint.state, checkpoint.hf_config, config, kind, str(checkpoint.weights_path)
+        checkpoint.state, hf_config, config, kind, str(checkpoint.weights_path)
     )
     return HFModel(
         module=model_for(config, kind),
         variables=params,
         config=config,
-        hf_config=checkpoint.hf_config,
+        hf_config=hf_config,
         generation_config=checkpoint.generation_config,
         source=path,
     )

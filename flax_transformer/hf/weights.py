@@ -30,6 +30,7 @@ from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.naming import flax_path_to_torch_key, is_transposed
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.tree_check import ConversionError, check_tree
+from flax_transformer.spec.validate import weight_problems
 
 # The registry's tables, by model_type (kept for callers of the names this module had).
 IGNORED = {t: f.ignored_keys for f in FAMILIES for t in f.model_types if f.ignored_keys}
@@ -42,6 +43,7 @@ __all__ = [
     "PREFIX",
     "canonical_to_hf",
     "check_hf_state",
+    "check_hf_weights",
     "expected_hf_shapes",
     "hf_state_to_params",
     "hf_to_canonical",
@@ -204,6 +206,26 @@ def check_hf_state(state, canonical_shapes, model_type: str, where: str) -> None
     check_tree(found, expected_hf_shapes(canonical_shapes, model_type), where, what="tensor")
 
 
+def check_hf_weights(state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str) -> None:
+    """One ConversionError naming every tensor that is not floating point (int8, bool, ...:
+    no quantization format is supported, so such a tensor would be cast and compute garbage)
+    or holds nan/inf; the keys transformers ignores (buffers) are not weights."""
+    ignored = family_for(hf_config["model_type"], where).ignored_keys
+    weights = {k: v for k, v in state.items() if ignored is None or not ignored.search(k)}
+    problems = weight_problems(weights)
+    if problems:
+        note = ""
+        if any("floating point" in p for p in problems):
+            note = (
+                " (no quantized format is supported: save the model in float32, float16 or "
+                "bfloat16)"
+            )
+        raise ConversionError(
+            f"{where}: {len(problems)} bad tensor(s){note}; nothing was loaded:\n  "
+            + "\n  ".join(problems)
+        )
+
+
 # ----------------------------------------------------------------------------- whole models
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype of a dtype name; "bfloat16" is ml_dtypes' (numpy has none)."""
@@ -234,6 +256,7 @@ def hf_state_to_params(
     def table() -> np.ndarray:  # the constant position table a file may hold (older Marian)
         return sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)
 
+    check_hf_weights(state, hf_config, where)
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
     check_hf_state(state, canonical_shapes, model_type, where)
     dtype = numpy_dtype(config.param_dtype)

@@ -10,6 +10,8 @@ from flax_transformer.hf.families.family import Family, HFConfig
 from flax_transformer.hf.families.seq2seq import (
     FAIRSEQ_VERSION_KEYS,
     REQUIRED,
+    WIDTH_AND_HEADS,
+    seq2seq_field_types,
     seq2seq_fields,
     seq2seq_renames,
     shared_tied_groups,
@@ -64,4 +66,6 @@ BART = Family(
     ignored_keys=FAIRSEQ_VERSION_KEYS,
     final_logits_bias=True,
     shift_right=shift_right,
+    field_types=seq2seq_field_types(optional=True),
+    width_and_heads=WIDTH_AND_HEADS,
 )

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer.hf.families.field_types import FieldType
+
 HFConfig = Mapping[str, Any]  # config.json, as read
 
 
@@ -85,6 +87,11 @@ class Family:
     # The config.json option holding the position table's length (generation's default
     # max_length stays within it).
     max_positions_key: str = "max_position_embeddings"
+    # The types of the config.json fields the family reads, as transformers' config class
+    # declares them (field_types.py; the fields every family reads are field_types.COMMON).
+    field_types: Mapping[str, FieldType] = dataclasses.field(default_factory=dict)
+    # (width, heads) config.json keys: the width must be divisible by the heads.
+    width_and_heads: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:

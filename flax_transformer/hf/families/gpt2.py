@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from flax_transformer.hf.families.family import Family, FusedQKV, HFConfig, first_id
+from flax_transformer.hf.families.field_types import integer, number, probability
 from flax_transformer.spec.kinds import LM
 
 
@@ -77,4 +78,17 @@ GPT2 = Family(
         transposed=True,
     ),
     max_positions_key="n_positions",
+    field_types=dict(  # GPT2Config's declared types
+        vocab_size=integer(),
+        n_positions=integer(),
+        n_embd=integer(),
+        n_layer=integer(),
+        n_head=integer(),
+        n_inner=integer(optional=True),
+        resid_pdrop=probability(),
+        embd_pdrop=probability(),
+        attn_pdrop=probability(),
+        layer_norm_epsilon=number(min=0, min_exclusive=True),
+    ),
+    width_and_heads=(("n_embd", "n_head"),),
 )

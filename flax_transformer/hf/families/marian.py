@@ -7,8 +7,11 @@ from __future__ import annotations
 import re
 
 from flax_transformer.hf.families.family import Family, HFConfig
+from flax_transformer.hf.families.field_types import boolean, integer
 from flax_transformer.hf.families.seq2seq import (
     REQUIRED,
+    WIDTH_AND_HEADS,
+    seq2seq_field_types,
     seq2seq_fields,
     seq2seq_renames,
     shared_tied_groups,
@@ -77,4 +80,10 @@ MARIAN = Family(
     target_vocab=target_vocab,
     stored_sinusoid_keys=STORED_POSITIONS,
     shift_right=None,  # transformers builds no decoder inputs for Marian
+    field_types=dict(
+        seq2seq_field_types(optional=False),
+        decoder_vocab_size=integer(optional=True),
+        share_encoder_decoder_embeddings=boolean(),
+    ),
+    width_and_heads=WIDTH_AND_HEADS,
 )

@@ -8,6 +8,12 @@ import re
 from typing import Any
 
 from flax_transformer.hf.families.family import HFConfig
+from flax_transformer.hf.families.field_types import (
+    FieldType,
+    boolean,
+    integer,
+    probability,
+)
 
 REQUIRED = (
     "vocab_size",
@@ -19,8 +25,39 @@ REQUIRED = (
     "max_position_embeddings",
     "pad_token_id",
 )
+WIDTH_AND_HEADS = (
+    ("d_model", "encoder_attention_heads"),
+    ("d_model", "decoder_attention_heads"),
+)
 FAIRSEQ_VERSION_KEYS = re.compile(r"^model\.(encoder|decoder)\.version$")
 _ATTENTION = {"q_proj": "query", "k_proj": "key", "v_proj": "value", "out_proj": "out"}
+
+
+def seq2seq_field_types(optional: bool) -> dict[str, FieldType]:
+    """The types of the fields seq2seq_fields reads, as the family's transformers config class
+    declares them; `optional`: the sizes and switches may be null (BartConfig's `int | None`)."""
+    return {
+        "vocab_size": integer(),
+        "max_position_embeddings": integer(),
+        **{
+            name: integer(optional=optional)
+            for name in (
+                "d_model",
+                "encoder_layers",
+                "decoder_layers",
+                "encoder_attention_heads",
+                "decoder_attention_heads",
+                "encoder_ffn_dim",
+                "decoder_ffn_dim",
+            )
+        },
+        "encoder_layerdrop": probability(optional),
+        "decoder_layerdrop": probability(optional),
+        "dropout": probability(optional),
+        "attention_dropout": probability(optional),
+        "activation_dropout": probability(optional),
+        "scale_embedding": boolean(optional),
+    }
 
 
 def seq2seq_renames(learned_positions: bool, stack_norms: bool) -> tuple[tuple[str, str], ...]:
