@@ -152,9 +152,9 @@ def load(path: str | Path, dtype: str = "float32") -> HFModel:
     path = Path(path)
     checkpoint = read_hf_dir(path)
     where = str(path / "config.json")
-    # Typed as transformers declares (512.0 read as 512): the weights' shapes come from it too.
+    config, notes = hf_to_config(checkpoint.hf_config, dtype, where=where)  # every problem
+    # As transformers types it (512.0 read as 512): the weights' shapes come from it too.
     hf_config = check_hf_config(checkpoint.hf_config, where)
-    config, notes = hf_to_config(hf_config, dtype, where=where)
     for note in notes:
         warnings.warn(f"{path}: {note}", stacklevel=2)
     kind = model_kind(hf_config)

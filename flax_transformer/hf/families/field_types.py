@@ -156,11 +156,12 @@ def config_problems(hf_config: Mapping[str, Any], family: Family) -> tuple[dict,
             config[name], problem = field_type.check(hf_config[name])
             if problem:
                 problems.append(f"{name}: {problem}")
-    bad = {p.split(":")[0] for p in problems} | set(missing)
+    bad, said = {p.split(":")[0] for p in problems} | set(missing), set()
     for width, heads in family.width_and_heads:
         if {width, heads} & bad or config.get(width) is None or config.get(heads) is None:
             continue
-        if config[width] % config[heads]:
+        if config[width] % config[heads] and (width, config[heads]) not in said:
+            said.add((width, config[heads]))  # encoder and decoder heads alike: said once
             problems.append(
                 f"{width}: {config[width]} is not divisible by {heads}={config[heads]} "
                 "(each head takes an equal slice of the width)"
