@@ -1,9 +1,11 @@
 """A Hugging Face config.json (any family of hf/families/) as this project's TransformerConfig.
 
-JAX-free: plain dict work. Every option the model cannot express is collected and raised in one
-UnsupportedConfigError; options that only change training (layer drop, dropout values with no
-place here) are returned as warnings. What differs between families is each family's
-(hf/families/); this module does what they share. See docs/hf.md for the mapping.
+JAX-free: plain dict work. Every value of the wrong type (the types transformers' config classes
+declare, hf/families/field_types.py), missing required key and option the model cannot express
+is collected and raised in one UnsupportedConfigError, one line per problem; options that only
+change training (layer drop, dropout values with no place here) are returned as warnings. What
+differs between families is each family's (hf/families/); this module does what they share.
+See docs/hf.md for the mapping.
 """
 
 from __future__ import annotations
