@@ -309,3 +309,31 @@ def test_the_command_line_surface(saved, tmp_path):
     assert f"{path / 'config.json'}: 1 problem(s)" in done.stderr
     assert "d_model: must be an integer >= 1, got the string '24'" in done.stderr
     assert "Traceback" not in done.stderr and not run.exists()
+
+
+@pytest.mark.parametrize("model_type", ["marian", "bart", "mbart", "gpt2"])
+def test_each_family_declares_the_types_transformers_declares(model_type):
+    """Every field a family types is one its transformers config class declares, with the same
+    type and the same null-ability (BartConfig's `int | None`, MBartConfig's `int`)."""
+    import re
+
+    from flax_transformer.hf.families import family_for
+    from flax_transformer.hf.families.field_types import COMMON
+
+    config_class = type(getattr(hf_models, f"{model_type}_config")())
+    declared = config_class.__annotations__
+    expected = {"int": {"int"}, "float": {"float", "int"}, "bool": {"bool"}}
+    for name, field_type in {**COMMON, **family_for(model_type).field_types}.items():
+        if name not in declared:
+            assert name in COMMON, f"{config_class.__name__} declares no {name}"
+            continue
+        text = str(declared[name])
+        names = set(re.findall(r"\b(int|float|bool|str|None)\b", text))
+        if name in COMMON:  # shared across families: the kind agrees, null may be allowed more
+            assert field_type.kind in ("token_ids", "strs") or names - {"None"} <= (
+                expected.get(field_type.kind) or {field_type.kind}
+            ), (name, text)
+            continue
+        assert names - {"None"} <= expected[field_type.kind], (name, text)
+        assert names - {"None"} >= {field_type.kind}, (name, text)
+        assert ("None" in names) == field_type.optional, (name, text)
