@@ -250,11 +250,13 @@ def test_bpe_vocabulary_below_the_byte_alphabet_is_an_error():
         ("missing_dir/out.safetensors", "the directory"),
         ("in.safetensors", "is the input"),
         ("link.safetensors", "is the input"),
-        (".", "is a directory"),
+        (".", "output . contains the input in.safetensors"),
+        ("empty", "is a directory"),
     ],
 )
 def test_convert_output_paths(tmp_path, monkeypatch, capsys, output, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
     (tmp_path / "in.safetensors").write_bytes(b"original")
     (tmp_path / "link.safetensors").symlink_to(tmp_path / "in.safetensors")
     code, err = parse_exit(capsys, convert.main, ["in.safetensors", output])

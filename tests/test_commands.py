@@ -147,7 +147,11 @@ BAD_INPUT = [
         "two run",
     ),
     (["hf", "import", "opus-mt-en-de", "--workdir", "{tmp}/run"], "Hub ids are not downloaded"),
-    (["hf", "export", "--workdir", "{tmp}", "--out", "{tmp}/o"], "no hf_config.json"),
+    (["hf", "export", "--workdir", "{tmp}", "--out", "{tmp}/../o"], "no hf_config.json"),
+    (
+        ["hf", "export", "--workdir", "{tmp}", "--out", "{tmp}/o"],
+        "--out {tmp}/o lies inside the run directory {tmp}",
+    ),
     (["hf", "export", "--workdir", "{tmp}"], "export needs --workdir RUN and --out HF_DIR"),
     (["launch", "--processes", "0", "--", "x.py"], "--processes must be >= 1, got 0"),
     (["launch", "--processes", "2"], "give the command after --"),
@@ -193,7 +197,8 @@ def test_every_run_reading_command_takes_workdir(tmp_path):
     from flax_transformer.hf.__main__ import parse_args as hf_args
     from flax_transformer.parity.cli import parse_args as parity_args
 
-    run, out = str(tmp_path), str(tmp_path / "out")
+    (tmp_path / "run").mkdir()  # the output beside the run, not inside it (that is refused)
+    run, out = str(tmp_path / "run"), str(tmp_path / "out")
     assert str(generate_args(["--workdir", run]).workdir) == run
     new = export_args(["--workdir", run, "--format", "onnx", "--out", out])
     old = export_args([run, "--format", "onnx", "--output", out])

@@ -239,6 +239,7 @@ def check_args(args) -> None:
             raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
     else:  # the init run's config is checked when it is loaded
         check_model_flags(args)
+    check_workdir_not_input(args)
     if args.mesh:
         from flax_transformer.training.distributed import check_mesh_spans_processes
         from flax_transformer.training.sharding import MeshError, make_mesh
@@ -247,6 +248,23 @@ def check_args(args) -> None:
             check_mesh_spans_processes(make_mesh(args.mesh))
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
+
+
+# The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.
+INPUT_FLAGS = ("train_tsv", "valid_tsv", "lm_text", "lm_valid", "init_from")
+
+
+def check_workdir_not_input(args) -> None:
+    """UsageError (exit 2) naming both paths when the workdir is, contains or lies inside an
+    input file or the --init-from run: the run would write config.json, checkpoints, ... over
+    or beside what it reads (files/atomic_io.check_not_input)."""
+    from flax_transformer.files.atomic_io import OutputPathError, check_not_input
+
+    inputs = [(f"--{flag.replace('_', '-')}", getattr(args, flag, None)) for flag in INPUT_FLAGS]
+    try:
+        check_not_input(default_workdir(args), inputs, what="--workdir")
+    except OutputPathError as err:
+        raise UsageError(str(err)) from None
 
 
 def check_model_flags(args) -> None:

@@ -9,7 +9,8 @@ manifest.json and tokenizer.json beside its files.
 Flag errors exit 2 (argparse); so does a run that cannot be loaded or exported (the message says
 why). The output is written to a temporary directory beside --out and renamed at the end: a
 failed export leaves nothing behind, and an existing non-empty --out is replaced only with
---force.
+--force. An --out that is, contains or lies inside the run directory is refused (exit 2), with
+--force too: --force never deletes an input.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.run_dir.is_dir():
         parser.error(f"--workdir {args.run_dir} is not a directory")
     try:
-        check_output_dir(args.out, args.force)
+        check_output_dir(args.out, args.force, run_dir=args.run_dir)
     except ExportError as err:
         parser.error(str(err))
     return args

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, staged_directory
+from flax_transformer.files.atomic_io import check_output_dir as check_dir
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -26,36 +24,22 @@ class ExportError(ValueError):
     """An export that cannot be made (the message names the problem and the flag or file)."""
 
 
-def check_output_dir(out: Path, force: bool) -> None:
-    """Refuse an --out that is a file, or a non-empty directory unless force."""
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out {out} exists and is not empty (--force replaces it)")
+def check_output_dir(out: Path, force: bool, run_dir: Path | None = None) -> None:
+    """Refuse an --out that is a file, a non-empty directory unless force, or (force or not) one
+    that is, contains or lies inside the run directory (files/atomic_io.check_output_dir)."""
+    try:
+        check_dir(out, inputs=[("run directory", run_dir)], force=force, what="--out")
+    except OutputPathError as err:
+        raise ExportError(str(err)) from None
 
 
 @contextlib.contextmanager
 def staged_output(out: Path, force: bool) -> Iterator[Path]:
     """Yields a fresh temporary directory beside `out`; on success it becomes `out` (an old
     `out` is replaced only then, with force), on any error it is deleted."""
-    check_output_dir(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp's is private (0700); --out gets the usual mode
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(out)
+    check_output_dir(out, force)  # ExportError, not OutputPathError, for the export's callers
+    with staged_directory(out, force=force, what="--out") as directory:
+        yield directory
 
 
 def check_float32(config, fmt: str) -> None:

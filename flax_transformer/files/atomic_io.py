@@ -8,6 +8,11 @@ the target as it was.
     atomic_write_text(path, text)
     with atomic_path(path) as tmp:      # for writers that want a file name (safetensors, PNG)
         save_file(tensors, tmp)
+
+Outputs are checked before anything is read or written: check_output_path (a file) and
+check_output_dir (a directory) refuse an output that is, contains or lies inside an input
+(check_not_input), and a non-empty output directory unless --force; staged_directory writes a
+directory whole or not at all.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -23,26 +30,112 @@ class OutputPathError(ValueError):
     """An output path that cannot be written (its directory is missing, or it is an input)."""
 
 
-def check_output_path(path: str | Path, *, inputs: tuple[str | Path, ...] = (), what="output"):
+# One rule for every command that writes: an output must not be, contain, or lie inside any of
+# the command's inputs (writing, or --force replacing, it would destroy or change the input).
+Inputs = Iterable["str | Path | tuple[str, str | Path] | None"]
+
+
+def _labelled(inputs: Inputs) -> Iterator[tuple[str, Path]]:
+    for item in inputs:
+        if item is None:
+            continue
+        label, path = item if isinstance(item, tuple) else ("input", item)
+        if path is not None:
+            yield label, Path(path)
+
+
+def _same(a: Path, b: Path) -> bool:
+    """One file or directory: the same resolved path, or (hard links, case-insensitive file
+    systems) the same inode."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    """Whether `inner` lies strictly inside the directory `outer` (symlinks and `..` resolved)."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if outer in inner.parents:
+        return True
+    # `outer` may be reached under another name (a bind mount, a case-insensitive file system):
+    # compare each existing ancestor of `inner` with it by inode too.
+    return outer.exists() and any(_same(parent, outer) for parent in inner.parents)
+
+
+def check_not_input(output: str | Path, inputs: Inputs, *, what: str = "output") -> None:
+    """Raise OutputPathError, naming both paths, if `output` is, contains, or lies inside one of
+    `inputs` (paths, or (label, path) pairs such as ("run directory", run); None is skipped).
+    Call it before anything is read or written; it holds whatever --force says."""
+    output = Path(output)
+    for label, source in _labelled(inputs):
+        if _same(output, source):
+            relation = "is"
+        elif _inside(source, output):
+            relation = "contains"
+        elif _inside(output, source):
+            relation = "lies inside"
+        else:
+            continue
+        raise OutputPathError(
+            f"{what} {output} {relation} the {label} {source}; writing there would destroy or "
+            "change the input (choose an output outside the inputs)"
+        )
+
+
+def check_output_path(path: str | Path, *, inputs: Inputs = (), what="output"):
     """Raise OutputPathError if `path`'s directory does not exist or is not a directory, if the
-    path is a directory, or if it resolves to one of `inputs` (writing would destroy it)."""
+    path is a directory, or if it is, contains or lies inside one of `inputs` (check_not_input)."""
     path = Path(path)
+    check_not_input(path, inputs, what=what)
     parent = path.parent
     if not parent.is_dir():
         problem = "is not a directory" if parent.exists() else "does not exist"
         raise OutputPathError(f"{what} {path}: the directory {parent} {problem}")
     if path.is_dir():
         raise OutputPathError(f"{what} {path} is a directory; give a file name")
-    for source in inputs:
-        source = Path(source)
-        same = path.resolve() == source.resolve() or (
-            path.exists() and source.exists() and os.path.samefile(path, source)
-        )
-        if same:
-            raise OutputPathError(
-                f"{what} {path} is the input {source}; writing it would destroy the input "
-                "(choose another output path)"
-            )
+
+
+def check_output_dir(
+    path: str | Path, *, inputs: Inputs = (), force: bool = False, what="output"
+) -> None:
+    """Raise OutputPathError for an output directory that is, contains or lies inside one of
+    `inputs` (even with `force`: --force never deletes an input), that exists as a file, or
+    that is not empty while `force` is off."""
+    path = Path(path)
+    check_not_input(path, inputs, what=what)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{what} {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise OutputPathError(f"{what} {path} exists and is not empty (--force replaces it)")
+
+
+@contextlib.contextmanager
+def staged_directory(out: str | Path, force: bool = False, what="output") -> Iterator[Path]:
+    """Yields a fresh temporary directory beside `out`; on success it becomes `out` (an old
+    non-empty `out` is replaced only then, and only with force), on any error it is deleted.
+    Check the output against the inputs first (check_output_dir)."""
+    out = Path(out)
+    check_output_dir(out, force=force, what=what)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's is private (0700); the output gets the usual mode
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out)
 
 
 @contextlib.contextmanager

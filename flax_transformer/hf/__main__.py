@@ -6,6 +6,8 @@ its tokenizer; a local path: Hub ids are not downloaded) -> a train.py run direc
 fine-tunes from.
 export: such a run (or one fine-tuned from it) -> a save_pretrained directory.
 The old positional spellings (`import HF_DIR RUN_DIR`, `export RUN_DIR HF_DIR`) still work.
+An output that is, contains or lies inside the input is refused; `export` into a non-empty
+--out needs --force (which replaces it whole, and never deletes the run).
 Exit status: 0 done, 2 bad input (flags, or a directory that cannot be converted; the message
 says why).
 """
@@ -49,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write config.json, model.safetensors, ...",
     )
     exp.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out (never one that is, holds or lies inside the run)",
+    )
+    exp.add_argument(
         "--checkpoint",
         metavar="last|best|STEP",
         help="which checkpoint (default: best when the run kept one, else last)",
@@ -87,11 +94,32 @@ def missing_hf_dir(hf_dir: str) -> str | None:
     )
 
 
+def output_problem(args: argparse.Namespace) -> str | None:
+    """The message for an output that is, contains or lies inside the input, or (export) a
+    non-empty --out without --force; None: the output may be written. Checked before JAX or
+    transformers are imported."""
+    from flax_transformer.files.atomic_io import OutputPathError, check_not_input, check_output_dir
+
+    try:
+        if args.command == "import":
+            inputs = [("Hugging Face directory", args.hf_dir)]
+            check_not_input(args.run_dir, inputs, what="--workdir")
+        else:
+            inputs = [("run directory", args.run_dir)]
+            check_output_dir(args.hf_dir, inputs=inputs, force=args.force, what="--out")
+    except OutputPathError as err:
+        return str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.hf` / `ftx hf`: import a save_pretrained
     directory as a run, or export a run as one; print {"command", "output"} as JSON. Exit status
     2 for a missing directory or a checkpoint that cannot be converted, else 0."""
     args = parse_args(argv)
+    if problem := output_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if args.command == "import" and (problem := missing_hf_dir(args.hf_dir)):
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -102,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "import":
             out = import_run(args.hf_dir, args.run_dir)
         else:
-            out = export_run(args.run_dir, args.hf_dir, args.checkpoint)
+            out = export_run(args.run_dir, args.hf_dir, args.checkpoint, force=args.force)
     except (ValueError, ConversionError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@ tokenizer, hf/tokenizer.py), run.json, checkpoints/0 (the weights; no optimizer 
 fine-tune with `train.py --init-from`, there is nothing to --resume), and the Hugging Face
 config and generation config (hf_config.json, hf_generation_config.json), which run.json lists
 under "carry" so that a run started with --init-from keeps them for the export.
-export: the chosen checkpoint of such a run (or of one fine-tuned from it) through hf.save.
+export: the chosen checkpoint of such a run (or of one fine-tuned from it) through hf.save,
+into a staged directory renamed at the end (a non-empty HF_DIR is replaced only with force).
+Neither writes into, over or around its input (files/atomic_io.check_not_input).
 Every file of the run directory is named and written by training/run_dir.py.
 """
 
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.files.atomic_io import check_not_input, check_output_dir, staged_directory
 from flax_transformer.hf.checkpoint import read_json
 from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
@@ -37,6 +40,7 @@ EXPORT_IGNORES = ("attention_impl", "remat", "dtype")
 def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
     """Write `run_dir` (new or empty) from the save_pretrained directory `hf_dir`."""
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
+    check_not_input(run_dir, [("Hugging Face directory", hf_dir)], what="run directory")
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ValueError(f"{run_dir} exists and is not an empty directory; nothing was written")
     model = load(hf_dir)
@@ -84,10 +88,15 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
     return run_dir
 
 
-def export_run(run_dir: str | Path, hf_dir: str | Path, checkpoint: str | None = None) -> Path:
+def export_run(
+    run_dir: str | Path, hf_dir: str | Path, checkpoint: str | None = None, force: bool = False
+) -> Path:
     """Write the run's checkpoint (load_run's choice, or `checkpoint`) as a save_pretrained
-    directory. The run must come from an import (it carries hf_config.json)."""
-    run_dir = Path(run_dir)
+    directory, whole or not at all: a non-empty `hf_dir` is replaced only with `force`, and
+    never when it is, contains or lies inside the run. The run must come from an import (it
+    carries hf_config.json)."""
+    run_dir, hf_dir = Path(run_dir), Path(hf_dir)
+    check_output_dir(hf_dir, inputs=[("run directory", run_dir)], force=force, what="HF_DIR")
     if not (run_dir / HF_CONFIG).exists():
         raise ValueError(
             f"{run_dir}: no {HF_CONFIG}; only runs imported from (or started with --init-from "
@@ -113,4 +122,6 @@ def export_run(run_dir: str | Path, hf_dir: str | Path, checkpoint: str | None =
         generation_config=generation_config,
         source=run_dir / HF_TOKENIZER_DIR,
     )
-    return save(model, hf_dir)
+    with staged_directory(hf_dir, force=force, what="HF_DIR") as staging:
+        save(model, staging)  # no old file of a replaced HF_DIR stays beside the new ones
+    return hf_dir

@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the output file once: --out OUT (or the old positional OUT)")
     args.output = args.output if args.output is not None else args.out
     try:  # before reading anything: the output's directory exists and the output is no input
-        check_output_path(args.output, inputs=(args.input,))
+        check_output_path(args.output, inputs=(args.input, ("--config file", args.config)))
     except OutputPathError as err:
         parser.error(str(err))
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.cli.flags import flag_type
-from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.interop.convert import (
     MODEL_KINDS,
     ConversionError,
@@ -217,6 +217,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "positional argument(s)"
         )
     args.a, args.b = sources
+    if args.json not in (None, "-"):  # before A and B are read: the report never overwrites one
+        inputs = [("input A", args.a), ("input B", args.b)]
+        inputs += [("--config file", args.config), ("--tokenizer file", args.tokenizer)]
+        try:
+            check_output_path(args.json, inputs=inputs, what="--json")
+        except OutputPathError as err:
+            parser.error(str(err))
     return args
 
 
