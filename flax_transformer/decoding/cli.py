@@ -15,7 +15,8 @@ stderr with their line number and produce an empty output line; the exit status 
 leading UTF-8 byte-order mark is dropped. Flag values out of range (e.g. --top-p 0, --top-k
 larger than the vocabulary) and a workdir that is not a finished train.py run (no config,
 tokenizer or checkpoint, or a config that does not match the checkpoint) are errors (exit
-status 2).
+status 2), and so is a search flag without its search (--alpha without --beam, --temperature,
+--top-k or --top-p without --sample): it would do nothing.
 """
 
 from __future__ import annotations
