@@ -35,6 +35,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         description="Start N local processes of a multi-process train.py run.",
         epilog="example: python -m flax_transformer.launch --processes 2 -- train.py --mesh data=2",
     )
+    from flax_transformer.cli.flags import flag_type
+    from flax_transformer.spec.validate import Float
+
     parser.add_argument("--processes", type=int, required=True, metavar="N")
     parser.add_argument(
         "--devices-per-process",
@@ -44,7 +47,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--grace",
-        type=float,
+        type=flag_type(Float(ge=0.0), "--grace"),  # finite: nan would never wait, inf forever
         default=10.0,
         metavar="SECONDS",
         help="after a failure, how long the others get to stop before SIGKILL "
@@ -63,13 +66,34 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"--processes must be >= 1, got {args.processes}")
     if args.devices_per_process is not None and args.devices_per_process < 1:
         parser.error(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
-    if args.grace < 0:
-        parser.error(f"--grace must be >= 0, got {args.grace}")
     joined = {"--coordinator", "--num-processes", "--process-id"}
     given = sorted(a.split("=")[0] for a in command if a.split("=")[0] in joined)
     if given:
         parser.error(f"the launcher sets {', '.join(given)} itself; leave it out of the command")
     return args, command
+
+
+def missing_command(command: list[str]) -> str | None:
+    """Why `command` cannot start (None: it can), checked once here rather than failing in
+    every process: a .py file that is not there, a -m module that cannot be found, a program
+    not on PATH."""
+    import importlib.util
+    import shutil
+
+    first = command[0]
+    if first.endswith(".py"):
+        return None if os.path.isfile(first) else f"the command's script {first} does not exist"
+    if first == "-m":
+        if len(command) < 2:
+            return "-m needs a module name, e.g. -- -m flax_transformer.train"
+        try:
+            found = importlib.util.find_spec(command[1]) is not None
+        except (ImportError, ValueError):
+            found = False
+        return None if found else f"the command's module {command[1]} (-m) cannot be found"
+    if shutil.which(first) is None:
+        return f"the command {first} is not a file and not on PATH"
+    return None
 
 
 def free_port() -> int:
@@ -200,6 +224,10 @@ def main(argv=None) -> int:
     """Entry point of `python -m flax_transformer.launch` / `ftx launch`: parse the flags and run
     the processes; return the exit status (the first failed process's, or 0)."""
     args, command = parse_args(argv)
+    problem = missing_command(command)
+    if problem:  # one line, before any process starts (not N tracebacks)
+        print(f"error: {problem}; nothing was started", file=sys.stderr)
+        return 2
     return launch(command, args.processes, args.devices_per_process, args.grace)
 
 

@@ -39,6 +39,7 @@ from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of 
     parse_args,
     wants_float64,
 )
+from flax_transformer.training import data as data_checks
 from flax_transformer.training import run_dir
 from flax_transformer.training.run_dir import read_run_json
 
@@ -289,6 +290,7 @@ def run(args, data, options, hooks, started: float) -> int:
     barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
+    data_checks.warn_if_validation_is_training(train_pairs, valid_pairs)
     # The init run's run.json, read once: its model kind and the files it carries.
     init_run = (read_run_json(Path(args.init_from)) or {}) if args.init_from else {}
     if args.init_from and not args.resume:

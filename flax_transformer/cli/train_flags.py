@@ -10,7 +10,14 @@ import sys
 from pathlib import Path
 
 from flax_transformer.spec.presets import PRESETS
-from flax_transformer.training.run_dir import RUN_JSON, read_config, read_run_json
+from flax_transformer.spec.validate import Int
+from flax_transformer.training.run_dir import (
+    CHECKPOINTS,
+    CHECKPOINTS_BEST,
+    RUN_JSON,
+    read_config,
+    read_run_json,
+)
 
 # The default model is the `small` preset (it learns the default task in minutes on 2 CPU
 # cores); its vocabulary sizes and pad id are replaced by the tokenizer's. --preset picks
@@ -27,6 +34,9 @@ MODEL_FLAGS = {
     "max_len": (("max_len",), "longest sequence in tokens"),
     "dropout": (("dropout_rate",), "dropout rate"),
 }
+# Model flags whose rule is stricter than their config field's: a config allows 0 layers (an
+# encoder-only torch.nn port), a model trained here needs at least one in each stack it has.
+FLAG_RULES = {"num_layers": Int(min=1)}
 
 # --dtype: (computation dtype, parameter dtype). bfloat16 is mixed precision: bf16 matmuls on
 # float32 parameters (docs/speed.md); float64 turns on jax_enable_x64 for the run.
@@ -120,9 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for dest, (fields, text) in MODEL_FLAGS.items():
         default, flag = MODEL_DEFAULTS[fields[0]], "--" + dest.replace("_", "-")
-        model.add_argument(
-            flag, type=flag_type(FIELD_RULES[fields[0]], flag), help=f"{text} (default: {default})"
-        )
+        rule = FLAG_RULES.get(dest, FIELD_RULES[fields[0]])
+        model.add_argument(flag, type=flag_type(rule, flag), help=f"{text} (default: {default})")
 
     train = p.add_argument_group("training")
     add_option_flags(
@@ -237,6 +246,12 @@ def check_args(args) -> None:
             raise UsageError("--init-from takes the run's tokenizer; do not also give --tokenizer")
         if not args.resume and not (Path(args.init_from) / RUN_JSON).exists():
             raise UsageError(f"--init-from {args.init_from}: not a run directory (no run.json)")
+        if not args.resume and not has_checkpoint(Path(args.init_from)):
+            raise UsageError(
+                f"--init-from {args.init_from}: the run has no checkpoint in "
+                f"{Path(args.init_from) / CHECKPOINTS} (it stopped before its first save?); "
+                "nothing to start from"
+            )
     else:  # the init run's config is checked when it is loaded
         check_model_flags(args)
     check_workdir_not_input(args)
@@ -267,10 +282,21 @@ def check_workdir_not_input(args) -> None:
         raise UsageError(str(err)) from None
 
 
+def has_checkpoint(workdir: Path) -> bool:
+    """Whether `workdir` holds a checkpoint (a step directory under checkpoints/, or a best
+    one): checked before the new run writes anything, not when its first step loads it."""
+    for name in (CHECKPOINTS, CHECKPOINTS_BEST):
+        folder = workdir / name
+        if folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir()):
+            return True
+    return False
+
+
 def check_model_flags(args) -> None:
     """The model --config and flags give a valid TransformerConfig (checked before any data is
     read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
-    from flax_transformer.spec.config import TransformerConfig
+    from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
+    from flax_transformer.spec.kinds import LM, SEQ2SEQ
     from flax_transformer.training.tokenizer import ByteTokenizer
 
     try:
@@ -278,9 +304,10 @@ def check_model_flags(args) -> None:
     except ValueError as err:
         raise UsageError(f"--config: {err}") from None
     try:
-        TransformerConfig.from_dict(
+        config = TransformerConfig.from_dict(
             values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
         )
+        check_config_for_kind(config, LM if args.lm_text else SEQ2SEQ)
     except ValueError as err:
         given = [
             "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None

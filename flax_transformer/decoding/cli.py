@@ -15,7 +15,8 @@ stderr with their line number and produce an empty output line; the exit status 
 leading UTF-8 byte-order mark is dropped. Flag values out of range (e.g. --top-p 0, --top-k
 larger than the vocabulary) and a workdir that is not a finished train.py run (no config,
 tokenizer or checkpoint, or a config that does not match the checkpoint) are errors (exit
-status 2).
+status 2), and so is a search flag without its search (--alpha without --beam, --temperature,
+--top-k or --top-p without --sample): it would do nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from flax_transformer.spec.kinds import LM
 from flax_transformer.spec.validate import SEED, Float, Int
 
 BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
+# The search flags' defaults, filled in after parsing: a flag given for a search it does not
+# belong to (--alpha without --beam, --top-k without --sample) would do nothing, so it is an
+# error, even when its value equals the default.
+DEFAULTS = {"alpha": 0.6, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
 
 
 class InputError(ValueError):
@@ -72,27 +78,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--alpha",
         type=flag_type(BEAM_RULES["alpha"], "--alpha"),
-        default=0.6,
-        help="beam length penalty exponent",
+        help=f"beam length penalty exponent (needs --beam; default: {DEFAULTS['alpha']})",
     )
     # Sampling at temperature 0 is greedy decoding: leave out --sample for that.
     parser.add_argument(
         "--temperature",
         type=flag_type(Float(gt=0.0), "--temperature"),
-        default=1.0,
-        help="sampling temperature (> 0)",
+        help="sampling temperature (> 0; needs --sample; default: 1)",
     )
     parser.add_argument(
         "--top-k",
         type=flag_type(SAMPLE_RULES["top_k"], "--top-k"),
-        default=0,
-        help="sample from the k best (0: all)",
+        help="sample from the k best (0: all; needs --sample; default: 0)",
     )
     parser.add_argument(
         "--top-p",
         type=flag_type(SAMPLE_RULES["top_p"], "--top-p"),
-        default=1.0,
-        help="nucleus mass (1: all)",
+        help="nucleus mass (1: all; needs --sample; default: 1)",
     )
     parser.add_argument(
         "--seed", type=flag_type(SEED, "--seed"), default=0, help="sampling PRNG seed"
@@ -110,14 +112,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
         parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
-    sampling_flags = args.temperature != 1.0 or args.top_k != 0 or args.top_p != 1.0
-    if sampling_flags and not args.sample:
-        parser.error("--temperature/--top-k/--top-p need --sample")
+    problem = flags_that_do_nothing(args)
+    if problem:
+        parser.error(problem)
+    for name, default in DEFAULTS.items():  # None until here: "given" is told from "default"
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     try:
         args.strategy = strategy_of(args)
     except ValueError as err:
         parser.error(str(err))
     return args
+
+
+def flags_that_do_nothing(args: argparse.Namespace) -> str | None:
+    """The usage error for search flags given without their search (None: none), naming both
+    flags; e.g. "--alpha needs --beam: ... (greedy decoding ignores it)"."""
+    search = "beam search (--beam)" if args.beam else "sampling (--sample)" if args.sample else ""
+    search = search or "greedy decoding (neither --beam nor --sample)"
+    if args.alpha is not None and not args.beam:
+        return f"--alpha needs --beam: {search} has no length penalty, so it would do nothing"
+    given = [f"--{n.replace('_', '-')}" for n in SAMPLING_FLAGS if getattr(args, n) is not None]
+    if given and not args.sample:
+        verb, it = ("needs", "it") if len(given) == 1 else ("need", "them")
+        return f"{', '.join(given)} {verb} --sample: {search} ignores {it}"
+    return None
 
 
 def strategy_of(args: argparse.Namespace):

@@ -16,7 +16,7 @@ from flax import struct
 
 from flax_transformer.nn.attention import make_padding_mask
 from flax_transformer.nn.kinds import is_lm
-from flax_transformer.nn.token_ids import check_token_ids
+from flax_transformer.nn.token_ids import check_token_array, check_token_ids
 
 
 @struct.dataclass
@@ -61,9 +61,7 @@ def seq2seq_inputs(model, src, src_mask, max_new_tokens: int, bos_id: int | None
     cfg = model.config
     if bos_id is None:
         raise ValueError("decoding a seq2seq Transformer needs bos_id (the decoder's first token)")
-    src = jnp.asarray(src)
-    if src.ndim != 2 or not jnp.issubdtype(src.dtype, jnp.integer):
-        raise ValueError(f"src must be (batch, length) integer token ids, got {src.shape}")
+    src = jnp.asarray(check_token_array("src", src))
     if src.shape[1] > cfg.max_len:
         raise ValueError(f"src has length {src.shape[1]}, longer than max_len {cfg.max_len}")
     check_token_ids("src", src, cfg.src_vocab_size)
@@ -95,9 +93,7 @@ def lm_inputs(model, prompts, lengths, max_new_tokens: int) -> Prompts:
     BOS; lengths (B,) default to the count of non-pad tokens. Host values: the prefill length
     min(lengths) is a compile-time constant."""
     cfg = model.config
-    prompts = np.asarray(prompts)
-    if prompts.ndim != 2 or not np.issubdtype(prompts.dtype, np.integer):
-        raise ValueError(f"prompts must be (batch, length) integer token ids, got {prompts.shape}")
+    prompts = np.asarray(check_token_array("prompts", prompts))
     check_token_ids("prompts", prompts, cfg.tgt_vocab_size)
     if lengths is None:
         lengths = (prompts != cfg.pad_id).sum(axis=1)  # right-padded prompts

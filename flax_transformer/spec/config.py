@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.spec.kinds import LM, check_kind
 from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
@@ -21,6 +22,12 @@ SINUSOID_LAYOUTS = ("interleaved", "halves")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 # How attention is computed; the same function either way (nn/attention.py, torch_reference).
 ATTENTION_IMPLS = ("auto", "fused", "reference")
+# The longest max_len accepted. A hard cap, not a memory estimate: one head's attention
+# matrix for one sequence of 65536 tokens is 16 GiB in float32, past what one accelerator of
+# this project's targets holds, and a larger value (a typo, --max-len 100000000) would only
+# fail later with an out-of-memory crash, after the run directory was made. Hugging Face
+# models of the supported families use 512-4096.
+MAX_LEN_LIMIT = 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +87,12 @@ class TransformerConfig:
         if checked and self.d_model % self.num_heads:
             problems.append(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
+            )
+        max_len_ok = not any(p.startswith("max_len ") for p in problems)
+        if max_len_ok and self.max_len > MAX_LEN_LIMIT:
+            problems.append(
+                f"max_len {self.max_len} is larger than {MAX_LEN_LIMIT}, the longest this "
+                "project accepts (one attention matrix of that length would not fit in memory)"
             )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             problems.append(
@@ -197,6 +210,28 @@ FIELD_RULES = {
     "eos_id": Int(min=0, optional=True),
     "decoder_start_id": Int(min=0, optional=True),
 }
+
+
+def kind_problems(config: TransformerConfig, kind: str) -> list[str]:
+    """What makes `config` unusable for a model of `kind` (empty: nothing). The config alone
+    allows 0 layers (an encoder-only torch.nn port has no decoder, an LM no encoder); a model
+    needs decoder layers (without them a seq2seq output ignores the source, and training fails
+    late looking for the decoder), and a seq2seq model encoder layers too."""
+    needed = ["num_decoder_layers"] + ([] if check_kind(kind) == LM else ["num_encoder_layers"])
+    what = "a decoder-only LM" if check_kind(kind) == LM else "a seq2seq model"
+    return [
+        f"{what} needs {name} >= 1, got {getattr(config, name)}"
+        for name in needed
+        if getattr(config, name) < 1
+    ]
+
+
+def check_config_for_kind(config: TransformerConfig, kind: str) -> TransformerConfig:
+    """`config`, or a ValueError naming each field `kind_problems` finds."""
+    problems = kind_problems(config, kind)
+    if problems:
+        raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
+    return config
 
 
 def config_diff(

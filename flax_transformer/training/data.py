@@ -102,6 +102,39 @@ def _read_lines(path: str | Path, what: str) -> list[str]:
     return texts
 
 
+def sources_of(pairs: list[Pair]) -> str:
+    """The file(s) (or task) `pairs` came from, for messages: their `where` without the line."""
+    names = dict.fromkeys(p.where.rsplit(":", 1)[0] for p in pairs)
+    return ", ".join(names) if names else "no data"
+
+
+def overlap_warning(train: list[Pair], valid: list[Pair]) -> str | None:
+    """A warning when the validation pairs are (mostly) training pairs: the scores would then
+    measure memorisation, not generalisation. None when most validation pairs are new."""
+    seen = {(p.source, p.target) for p in train}
+    shared = sum((p.source, p.target) in seen for p in valid)
+    if not valid or shared * 2 <= len(valid):
+        return None
+    if shared == len(valid) and {(p.source, p.target) for p in valid} == seen:
+        return (
+            f"the validation set is the training set ({shared} identical pairs): scores will "
+            "not measure generalisation"
+        )
+    return (
+        f"{shared} of {len(valid)} validation pairs also occur in the training set: scores "
+        "will overstate generalisation"
+    )
+
+
+def warn_if_validation_is_training(train: list[Pair], valid: list[Pair]) -> None:
+    """Print `overlap_warning` (once, on stderr) when there is one."""
+    import sys
+
+    message = overlap_warning(train, valid)
+    if message:
+        print(f"warning: {message}", file=sys.stderr)
+
+
 def read_tsv(path: str | Path) -> list[Pair]:
     """One `source<TAB>target` pair per line; blank lines are skipped."""
     pairs = []
@@ -193,7 +226,10 @@ def encode_pairs(pairs: list[Pair], tokenizer, max_len: int, on_long: str = "ski
             stacklevel=2,
         )
     if not kept:
-        raise DataError(f"no pair fits max_len {max_len}; raise --max-len")
+        raise DataError(
+            f"{sources_of(pairs)}: no pair fits max_len {max_len} (all {len(pairs)} are longer "
+            "with bos/eos); raise --max-len"
+        )
     return Dataset(tgt_in, tgt_out, src, kept)
 
 

@@ -137,5 +137,9 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
     if isinstance(data, dict) and "model" in data:
         from tokenizers import Tokenizer
 
-        return BPETokenizer(Tokenizer.from_str(text))
+        try:
+            return BPETokenizer(Tokenizer.from_str(text))
+        except Exception as err:  # the tokenizers library raises a bare Exception
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(f"{path}: not a valid tokenizer file ({first}); damaged?") from None
     raise ValueError(f"{path}: not a tokenizer file written by this project")
