@@ -228,3 +228,74 @@ def test_a_metrics_line_cut_short_by_a_full_disk_reads_as_absent(tmp_path):
     path.write_text('{"kind": "tra\n{"kind": "train", "step": 1}\n')  # not at the end: an error
     with pytest.raises(ValueError):
         run_dir.read_metrics(path)
+
+
+# ----------------------------------------------------------------------------- changed settings
+SHORT = [*TINY, "--steps", "4", "--save-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("finished") / "run"
+    assert train.main([*SHORT, "--workdir", str(workdir)]) == 0
+    return workdir
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "16"], "--batch-size 16 differs from the run's 8"),
+        (["--seed", "7"], "--seed 7 differs from the run's 0"),
+        (["--task", "sort"], "--task sort differs from the run's reverse"),
+        (["--lr", "0.5", "--seed", "3"], "--lr 0.5 differs from the run's 0.002; --seed 3"),
+    ],
+)
+def test_resume_refuses_a_setting_that_changes_the_result(finished, capsys, flags, message):
+    before = snapshot(finished)
+    code = train.main([*SHORT, "--workdir", str(finished), "--resume", *flags])
+    out, err = capsys.readouterr()
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert message in line
+    assert "start a new --workdir to change" in line
+    assert snapshot(finished) == before
+
+
+def test_resume_records_compatible_settings_and_writes_no_duplicate_record(finished, capsys):
+    saved = run_dir.read_run_json(finished)
+    assert saved["resumed"] == []
+    records = run_dir.read_metrics(finished)
+    # A finished run evaluated again: the same records, no second final one.
+    code = train.main([*SHORT, "--workdir", str(finished), "--resume"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "nothing to train" in out
+    assert run_dir.read_metrics(finished) == records
+    assert run_dir.read_run_json(finished) == saved  # nothing changed, nothing recorded
+    # More steps and another save frequency: applied and recorded, the history kept.
+    code = train.main([*SHORT, "--workdir", str(finished), "--resume", "--steps", "6",
+                       "--save-every", "3"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    now = run_dir.read_run_json(finished)
+    assert now["args"]["steps"] == 6 and now["args"]["save_every"] == 3
+    assert now["resumed"] == [{"changed": {"save_every": [2, 3], "steps": [4, 6]}}]
+    evals = [r["step"] for r in run_dir.read_metrics(finished) if r["kind"] == "eval"]
+    assert evals == sorted(set(evals)) and evals[-1] == 6
+    assert run_dir.read_results(finished)["steps"] == 6
+
+
+def test_which_resume_settings_are_compared():
+    from argparse import Namespace
+
+    from flax_transformer.cli.train_flags import UsageError
+    from flax_transformer.cli.train_resume import changed_settings
+
+    saved = {"task": None, "steps": 4, "d_model": 16, "workdir": None, "mesh": None}
+    now = Namespace(task="reverse", steps=4, d_model=32, workdir="runs/x", mesh="data=2",
+                    new_flag=1)  # fmt: skip
+    # The default task named, the model (checked against config.json), the workdir and a flag
+    # the saved run does not know: not changes. A new mesh: compatible, recorded.
+    assert changed_settings(now, saved) == {"mesh": [None, "data=2"]}
+    with pytest.raises(UsageError, match="--task copy differs from the run's reverse"):
+        changed_settings(Namespace(task="copy"), saved)

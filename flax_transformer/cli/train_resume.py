@@ -34,6 +34,8 @@ COMPATIBLE = (
 # Not settings of the run: where it lives and how this command was started. (The model flags
 # are compared as the config they make, against config.json.)
 NOT_COMPARED = ("workdir", "resume", "run_config", *DISTRIBUTED_FLAGS)
+# Flags whose absence (None) means a value: --task means the built-in "reverse" task.
+IMPLIED = {"task": "reverse"}  # (DataOptions.task; options.py loads optax)
 
 
 def _plain(value: Any) -> Any:
@@ -59,6 +61,8 @@ def changed_settings(args, saved_args: dict[str, Any]) -> dict[str, list]:
         if name in NOT_COMPARED or name in model or name not in saved_args:
             continue
         before, now = _plain(saved_args[name]), _plain(value)
+        if name in IMPLIED:  # no value: the default, the same as naming it
+            before, now = (IMPLIED[name] if v is None else v for v in (before, now))
         if before == now:
             continue
         if name in COMPATIBLE:
