@@ -56,16 +56,15 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         problem = "Not a directory" if existing.exists() and not existing.is_dir() else "no access"
         raise UsageError(f"--workdir {workdir}: not writable ({problem}: {existing})")
     checkpoints = workdir / run_dir.CHECKPOINTS
-    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
     run_json = workdir / run_dir.RUN_JSON
-    has_run = has_checkpoints or (run_json.exists() and read_run_json(run_json) is not None)
-    if run_json.exists() and not has_run and not resume:
+    holds_run = workdir.is_dir() and has_run(workdir)
+    if run_json.exists() and not holds_run and not resume:
         print(
             f"warning: {run_json} is not readable JSON and there is no checkpoint: a run that "
             "never started; this run replaces it",
             file=sys.stderr,
         )
-    if has_run and not resume:
+    if holds_run and not resume:
         raise UsageError(
             f"--workdir {workdir} already holds a run; pass --resume to continue it, or choose "
             "another --workdir (nothing was overwritten)"
@@ -78,10 +77,17 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         )
 
 
+def has_run(workdir: Path) -> bool:
+    """The workdir holds a run: a checkpoint or a readable run.json."""
+    checkpoints = workdir / run_dir.CHECKPOINTS
+    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+    return has_checkpoints or read_run_json(workdir) is not None
+
+
 class WorkdirLock:
-    """The run directory's lock (run_dir.lock_run_dir), taken by process 0 as soon as the
-    directory exists and held until the command ends; the other processes of a multi-process
-    run (`wanted` False) take none."""
+    """The run directory's lock (run_dir.lock_run_dir), taken by process 0 at its first write
+    (make_workdir) and held until the command ends; the other processes of a multi-process run
+    (`wanted` False) take none."""
 
     def __init__(self, workdir: Path, wanted: bool):
         self.workdir, self.wanted, self._held = workdir, wanted, None
@@ -323,7 +329,7 @@ def run(args, data, options, hooks, started: float) -> int:
     """Train one run from parsed flags: read and check the data, write the run files into the
     workdir, train, write results.json and print the summary; return the exit status (0). UsageError
     for data that does not fit the flags or the --init-from run, or a workdir in use by another
-    run (process 0 holds the workdir's lock from the moment it exists to the end)."""
+    run (process 0 holds the workdir's lock from its first write to the end)."""
     from flax_transformer.training.distributed import is_primary
 
     workdir = default_workdir(args)
@@ -341,7 +347,6 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
     from flax_transformer.training.loop import Job, run_training
 
     prepare_workdir(workdir, args.resume)
-    lock.take()  # an existing workdir: before anything is read (a second run stops here)
     saved = read_run_json(workdir) if args.resume else None
     # Flags that differ from the run's: refused by name, or (the compatible ones) recorded.
     changed = changed_settings(args, saved.get("args", {})) if saved else {}
@@ -374,10 +379,15 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
         print(f"warning: {warning.message}", file=sys.stderr)
     for dataset in (train_set, valid_set):
         check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
-    # The first write: every input has been read and checked. A workdir made now is locked now,
-    # and checked again (another run may have started in it meanwhile).
-    if make_workdir(workdir, lock):
-        prepare_workdir(workdir, args.resume)
+    # The first write: every input has been read and checked. The lock is taken here (a second
+    # run on the workdir stops here, having written nothing; a refused command never touches
+    # it), and a new run checks again that no run finished in the workdir meanwhile.
+    make_workdir(workdir, lock)
+    if not args.resume and has_run(workdir):
+        raise UsageError(
+            f"--workdir {workdir} already holds a run (written while this command read its "
+            "input); pass --resume to continue it, or choose another --workdir"
+        )
     carried = list(saved.get("carry", [])) if saved else []
     resumed = list(saved.get("resumed", [])) if saved else []
     if changed:

@@ -463,7 +463,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     step = int(state.step)
     final_scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
     final_scores |= {"exact_match": results["exact_match"]} if "exact_match" in results else {}
-    if not log.has_eval(step):  # a --resume of a finished run: its final record is there
+    # A --resume of a finished run trained nothing: its final record is there already. (A run
+    # stopped at an evaluation logs it, and then its final one, at the same step.)
+    if not (stats["steps_trained"] == 0 and log.has_eval(step)):
         log.write({"kind": "eval", "step": step} | final_scores)
     tracker, best_checkpointer = best
     if tracker is not None:
