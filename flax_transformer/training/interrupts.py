@@ -4,13 +4,16 @@
 Ctrl-C raises KeyboardInterrupt, so that the loop's cleanup runs for both: the checkpoint save
 in flight finishes, Orbax's temporary directories are removed, and the loop raises
 `TrainingInterrupted` with the step reached and the last checkpoint. The training CLI prints
-its message and exits 130 (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number.
+its message and exits 130 (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number. (A
+process of a multi-process run still dies of SIGTERM at once, as the launcher expects.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
@@ -49,6 +52,13 @@ def interrupted(err: KeyboardInterrupt, step: int, last_checkpoint: int | None, 
 
 
 def _raise_terminated(signum, frame):
+    distributed = sys.modules.get("flax_transformer.training.distributed")
+    if distributed is not None and distributed.joined():
+        # One process of a multi-process run: its cleanup would wait on the others (a save in
+        # flight is collective), and the launcher stops them all with SIGTERM. End as before.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
 
 
