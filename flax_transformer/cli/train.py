@@ -101,6 +101,7 @@ class WorkdirLock:
         return True
 
     def release(self) -> None:
+        """Unlock (the end of the command); nothing if this process holds no lock."""
         if self._held is not None:
             self._held.release()
             self._held = None
