@@ -299,3 +299,22 @@ def test_which_resume_settings_are_compared():
     assert changed_settings(now, saved) == {"mesh": [None, "data=2"]}
     with pytest.raises(UsageError, match="--task copy differs from the run's reverse"):
         changed_settings(Namespace(task="copy"), saved)
+
+
+def test_a_full_disk_while_writing_the_weights(tmp_path, monkeypatch, capsys):
+    workdir = tmp_path / "run"
+
+    def write_weights(directory, prefix, *args):
+        path = run_dir.weight_paths(directory, prefix)["flax"]
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(run_dir, "write_weights", write_weights)
+    code = train.main([*TINY, "--steps", "4", "--workdir", str(workdir)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    weights = workdir / run_dir.FLAX_WEIGHTS
+    assert line.startswith(f"error: the disk is full: cannot write {weights}; stopping.")
+    assert "the last good checkpoint is step 4" in line
+    assert checkpoint_steps(workdir) == [4]
+    assert not (workdir / run_dir.RESULTS).exists()
