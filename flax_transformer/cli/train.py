@@ -15,6 +15,7 @@ train.py, `ftx train`, `python -m flax_transformer.train`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -39,8 +40,10 @@ from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of 
     parse_args,
     wants_float64,
 )
+from flax_transformer.cli.train_resume import changed_settings
 from flax_transformer.training import data as data_checks
 from flax_transformer.training import run_dir
+from flax_transformer.training.interrupts import exit_status, sigterm_raises
 from flax_transformer.training.run_dir import read_run_json
 
 
@@ -54,16 +57,15 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         problem = "Not a directory" if existing.exists() and not existing.is_dir() else "no access"
         raise UsageError(f"--workdir {workdir}: not writable ({problem}: {existing})")
     checkpoints = workdir / run_dir.CHECKPOINTS
-    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
     run_json = workdir / run_dir.RUN_JSON
-    has_run = has_checkpoints or (run_json.exists() and read_run_json(run_json) is not None)
-    if run_json.exists() and not has_run and not resume:
+    holds_run = workdir.is_dir() and has_run(workdir)
+    if run_json.exists() and not holds_run and not resume:
         print(
             f"warning: {run_json} is not readable JSON and there is no checkpoint: a run that "
             "never started; this run replaces it",
             file=sys.stderr,
         )
-    if has_run and not resume:
+    if holds_run and not resume:
         raise UsageError(
             f"--workdir {workdir} already holds a run; pass --resume to continue it, or choose "
             "another --workdir (nothing was overwritten)"
@@ -76,11 +78,44 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         )
 
 
+def has_run(workdir: Path) -> bool:
+    """The workdir holds a run: a checkpoint or a readable run.json."""
+    checkpoints = workdir / run_dir.CHECKPOINTS
+    has_checkpoints = checkpoints.is_dir() and any(checkpoints.iterdir())
+    return has_checkpoints or read_run_json(workdir) is not None
+
+
+class WorkdirLock:
+    """The run directory's lock (run_dir.lock_run_dir), taken by process 0 at its first write
+    (make_workdir) and held until the command ends; the other processes of a multi-process run
+    (`wanted` False) take none."""
+
+    def __init__(self, workdir: Path, wanted: bool):
+        self.workdir, self.wanted, self._held = workdir, wanted, None
+
+    def take(self) -> bool:
+        """Lock the workdir if it exists and is not locked yet; True if this call locked it.
+        run_dir.RunDirInUse (exit status 2) when another run holds it."""
+        if not self.wanted or self._held is not None or not self.workdir.is_dir():
+            return False
+        self._held = run_dir.lock_run_dir(self.workdir)
+        return True
+
+    def release(self) -> None:
+        """Unlock (the end of the command); nothing if this process holds no lock."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+
 # ----------------------------------------------------------------------------- data
-def make_workdir(workdir: Path) -> None:
-    """Create the workdir (all input is read and checked by now) and probe that it takes files."""
+def make_workdir(workdir: Path, lock: WorkdirLock | None = None) -> bool:
+    """Create the workdir (all input is read and checked by now), lock it (`lock`) and probe
+    that it takes files; True if the lock was taken now (the directory was new)."""
+    locked_now = False
     try:
         workdir.mkdir(parents=True, exist_ok=True)
+        locked_now = lock.take() if lock is not None else False
         probe = workdir / f".write_test_{os.getpid()}"  # one per process of a run
         probe.write_text("ok")
         probe.unlink()
@@ -88,6 +123,7 @@ def make_workdir(workdir: Path) -> None:
         raise UsageError(
             f"--workdir {workdir}: not writable ({err.strerror or err}: {err.filename or workdir})"
         ) from None
+    return locked_now
 
 
 def load_pairs(args, data):
@@ -189,7 +225,15 @@ MISSING_INPUT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 def main(argv=None, hooks=None) -> int:
     """The command line; `hooks` are step hooks for the run (flax_transformer.training.hooks:
     called after every step and evaluation, they may stop the run early). Returns the exit
-    status: 0 done, 1 the run failed, 2 bad flags or input."""
+    status: 0 done, 1 the run failed, 2 bad flags or input, 130 Ctrl-C, 143 SIGTERM (the run
+    stops at a step; --resume continues from its last checkpoint)."""
+    hooks = tuple(hooks or ())
+    started = time.perf_counter()
+    with sigterm_raises():  # SIGTERM, like Ctrl-C, ends the run through its cleanup
+        return _main(argv, hooks, started)
+
+
+def _main(argv, hooks, started: float) -> int:
     from flax_transformer.training import distributed
     from flax_transformer.training.options import (
         DataOptions,
@@ -198,8 +242,6 @@ def main(argv=None, hooks=None) -> int:
         WarmupWarning,
     )
 
-    hooks = tuple(hooks or ())
-    started = time.perf_counter()
     try:
         try:
             args = parse_args(argv)
@@ -229,9 +271,18 @@ def main(argv=None, hooks=None) -> int:
         return 2
     except (OSError, RuntimeError) as err:
         # The run failed: it diverged, a checkpoint could not be written, the disk filled up.
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # outside the loop
+            err = OSError(f"the disk is full: cannot write {err.filename or 'a file'}")
         print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
         distributed.exit_now(1)
         return 1
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Terminated)
+        # The loop's TrainingInterrupted says the step and the last checkpoint; earlier, there
+        # is no training to speak of.
+        message = str(err) or "interrupted before training started"
+        print(message, file=sys.stderr)
+        distributed.exit_now(exit_status(err))
+        return exit_status(err)
 
 
 def warmup_chosen(argv, args) -> bool:
@@ -279,14 +330,28 @@ def join_processes(options, args) -> None:
 def run(args, data, options, hooks, started: float) -> int:
     """Train one run from parsed flags: read and check the data, write the run files into the
     workdir, train, write results.json and print the summary; return the exit status (0). UsageError
-    for data that does not fit the flags or the --init-from run."""
+    for data that does not fit the flags or the --init-from run, or a workdir in use by another
+    run (process 0 holds the workdir's lock from its first write to the end)."""
+    from flax_transformer.training.distributed import is_primary
+
+    workdir = default_workdir(args)
+    lock = WorkdirLock(workdir, wanted=is_primary())
+    try:
+        return _train(args, data, options, hooks, started, workdir, lock)
+    finally:
+        lock.release()
+
+
+def _train(args, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock) -> int:
     from flax_transformer.spec.kinds import LM, OLD_NAMES
     from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
-    workdir = default_workdir(args)
     prepare_workdir(workdir, args.resume)
+    saved = read_run_json(workdir) if args.resume else None
+    # Flags that differ from the run's: refused by name, or (the compatible ones) recorded.
+    changed = changed_settings(args, saved.get("args", {})) if saved else {}
     barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     kind, train_pairs, valid_pairs = load_pairs(args, data)
@@ -317,9 +382,27 @@ def run(args, data, options, hooks, started: float) -> int:
         print(f"warning: {warning.message}", file=sys.stderr)
     for dataset in (train_set, valid_set):
         check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
-    make_workdir(workdir)  # the first write: every input has been read and checked
-    carried = []
-    if is_primary() and (not args.resume or read_run_json(workdir) is None):
+    # The first write: every input has been read and checked. The lock is taken here (a second
+    # run on the workdir stops here, having written nothing; a refused command never touches
+    # it), and a new run checks again that no run finished in the workdir meanwhile.
+    make_workdir(workdir, lock)
+    if not args.resume and has_run(workdir):
+        raise UsageError(
+            f"--workdir {workdir} already holds a run (written while this command read its "
+            "input); pass --resume to continue it, or choose another --workdir"
+        )
+    carried = list(saved.get("carry", [])) if saved else []
+    resumed = list(saved.get("resumed", [])) if saved else []
+    if changed:
+        resumed.append({"changed": changed})
+        print(
+            "--resume with "
+            + ", ".join(
+                f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items()
+            )
+            + f": recorded in {workdir / run_dir.RUN_JSON}"
+        )
+    if is_primary() and (not args.resume or saved is None or changed):
         if not args.resume:
             run_dir.write_config(workdir, config)
             run_dir.write_tokenizer(workdir, tokenizer)
@@ -337,6 +420,8 @@ def run(args, data, options, hooks, started: float) -> int:
             train_examples=len(train_set),
             valid_examples=len(valid_set),
             carry=carried,
+            imported_from=saved.get("imported_from") if saved else None,
+            resumed=resumed,
         )
     if not args.resume and is_primary():
         barrier("run files written")  # the others wait for it before reading the tokenizer

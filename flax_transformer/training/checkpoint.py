@@ -14,7 +14,9 @@ checkpoint that cannot be read a `CheckpointReadError` naming the step and what 
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,20 @@ ITEMS = ("params", "opt_state", "meta")
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written; `step` is the one lost."""
 
-    def __init__(self, message: str, step: int | None):
+    def __init__(self, message: str, step: int | None, disk_full: bool = False):
         super().__init__(message)
-        self.step = step
+        self.step, self.disk_full = step, disk_full
+
+
+# Orbax writes a step into "<step>.orbax-checkpoint-tmp-<time>" and renames it when complete.
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """An ENOSPC OSError, or an Orbax / tensorstore error whose text says the disk is full."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    return "no space left on device" in str(err).lower()
 
 
 class CheckpointReadError(ValueError):
@@ -117,6 +130,7 @@ class Checkpointer:
                 f"cannot write checkpoint step {step} into {self.directory} "
                 f"({err.strerror or err})",
                 step,
+                is_disk_full(err),
             ) from None
         meta = {
             "step": step,
@@ -138,6 +152,7 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
                 step,
+                is_disk_full(err),
             ) from None
         self._pending = step
         return step
@@ -245,7 +260,18 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
                 step,
+                is_disk_full(err),
             ) from None
+
+    def remove_unfinished(self) -> list[Path]:
+        """Delete the temporary directories of saves that never completed (a run stopped by
+        Ctrl-C, SIGTERM or a full disk mid-save; call after `close`); what was removed."""
+        if not self.directory.is_dir():
+            return []
+        unfinished = [p for p in self.directory.iterdir() if TMP_SUFFIX in p.name]
+        for path in unfinished:
+            shutil.rmtree(path, ignore_errors=True)
+        return unfinished
 
     def close(self) -> None:
         """Waits for the save in flight; after a failure already reported, closes quietly."""

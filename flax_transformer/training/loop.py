@@ -33,7 +33,11 @@ from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training import run_dir
 from flax_transformer.training.best import BestTracker
-from flax_transformer.training.checkpoint import Checkpointer, CheckpointWriteError
+from flax_transformer.training.checkpoint import (
+    Checkpointer,
+    CheckpointWriteError,
+    is_disk_full,
+)
 from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
@@ -42,6 +46,7 @@ from flax_transformer.training.evaluation import (
     evaluate_loss,
 )
 from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
+from flax_transformer.training.interrupts import interrupted
 from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_curves
@@ -88,6 +93,14 @@ class MetricsLog:
         run_dir.append_metrics(self.path, record)
         if self.tensorboard is not None:
             self.tensorboard.write(record)
+
+    def has_eval(self, step: int) -> bool:
+        """An evaluation record of `step` is in metrics.jsonl already (False when path is
+        None)."""
+        if self.path is None:
+            return False
+        return any(r.get("kind") == "eval" and r.get("step") == step
+                   for r in read_metrics(self.path))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- best checkpoint
@@ -198,8 +211,9 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         info = StepInfo(event, step, MappingProxyType(metrics), state, workdir, checkpointer.wait)
         return call_hooks(hooks, info)
 
-    start_step = int(state.step)
+    start_step = at = int(state.step)  # at: the optimizer steps done so far
     train_time, tokens, window, stop_reason = 0.0, 0, [], None
+    interrupt = None  # a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) met in the loop
     wall_start = time.perf_counter()
     tick = time.perf_counter()
     # A progress bar redraws itself with carriage returns and escape codes: on a terminal only.
@@ -214,6 +228,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             batch = next(loader)
             profiler.before(done)
             state, metrics = train_step(state, batch)
+            at = done
             profiler.after(done, state)
             if opt.mesh:  # one sharded program at a time (see on_host above)
                 jax.block_until_ready(state)
@@ -280,14 +295,24 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 stop_reason = reason if done < opt.steps else None
                 break
             tick = time.perf_counter()
+    except KeyboardInterrupt as err:
+        interrupt = err  # said once the save in flight is finished (finally, below)
     except CheckpointWriteError as err:
-        raise save_failed(err, checkpointer, metrics_path) from None
+        raise write_failed(err, checkpointer, metrics_path) from None
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        raise write_failed(err, checkpointer, metrics_path) from None
     finally:
         profiler.stop()
         if tensorboard is not None:  # a crashed run's events are on disk; a resume purges them
             tensorboard.flush()
         bar.close()
-        checkpointer.close()
+        close_checkpoints(checkpointer, quietly=interrupt is not None)
+        if interrupt is not None and best_checkpointer is not None:
+            close_checkpoints(best_checkpointer, quietly=True)
+    if interrupt is not None:
+        raise interrupted(interrupt, at, _last(checkpointer), workdir) from None
     stats = {
         "steps_trained": int(state.step) - start_step,  # 0: a --resume of a finished run
         "tokens_per_sec": tokens / max(train_time, 1e-9),
@@ -301,6 +326,12 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start,
             log, best,
         )  # fmt: skip
+    except KeyboardInterrupt as err:  # every checkpoint is on disk: the last step's included
+        raise interrupted(err, at, _last(checkpointer), workdir) from None
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        raise write_failed(err, checkpointer, metrics_path) from None
     finally:
         if tensorboard is not None:
             tensorboard.close()
@@ -308,23 +339,51 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             best_checkpointer.close()
 
 
-def save_failed(err: CheckpointWriteError, checkpointer, metrics_path: Path) -> TrainingError:
+def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
+    """Let the save in flight finish, then delete what a save cut short left (Orbax's temporary
+    directories); `quietly`: a run already stopping (Ctrl-C) says that, not a failed save."""
+    try:
+        checkpointer.close()
+    except CheckpointWriteError:
+        if not quietly:
+            raise
+    finally:
+        checkpointer.remove_unfinished()
+
+
+def _last(checkpointer: Checkpointer) -> int | None:
+    steps = checkpointer.finished_steps()
+    return steps[-1] if steps else None
+
+
+def write_failed(err: Exception, checkpointer, metrics_path: Path) -> TrainingError:
     """The run stops: metrics.jsonl is cut back to the last good checkpoint (what --resume
-    continues from), and one message says what happened and what is kept."""
+    continues from), and one message says what happened (a full disk: which path) and what is
+    kept. `err`: a CheckpointWriteError, or an OSError of any other write."""
+    try:
+        checkpointer.wait()  # a save in flight (an earlier step's) counts once it is complete
+    except CheckpointWriteError:
+        pass  # it was cut short too: the step before is the last good one
     steps = checkpointer.finished_steps()
     last = steps[-1] if steps else 0
+    if isinstance(err, CheckpointWriteError):
+        path = checkpointer.directory / str(err.step)
+        full = err.disk_full
+    else:
+        path, full = err.filename or "a file of the run", True  # (only ENOSPC comes here)
+    what = f"the disk is full: cannot write {path}" if full else str(err)
     try:
         truncate_metrics(metrics_path, last)
         metrics = f"metrics.jsonl now ends at step {last}"
     except OSError as write_err:
         metrics = f"metrics.jsonl could not be cut back ({write_err.strerror or write_err})"
+    again = "there is space" if full else "the directory is writable"
     kept = (
-        f"the last good checkpoint is step {last} (continue from it with --resume once the "
-        "directory is writable)"
+        f"the last good checkpoint is step {last} (continue from it with --resume once {again})"
         if steps
         else "no checkpoint was saved before"
     )
-    return TrainingError(f"{err}; stopping. Nothing was deleted: {kept}; {metrics}.")
+    return TrainingError(f"{what}; stopping. Nothing was deleted: {kept}; {metrics}.")
 
 
 def evaluate(job: Job, model, eval_step, params, valid_batches) -> dict[str, float]:
@@ -404,7 +463,10 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     step = int(state.step)
     final_scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
     final_scores |= {"exact_match": results["exact_match"]} if "exact_match" in results else {}
-    log.write({"kind": "eval", "step": step} | final_scores)
+    # A --resume of a finished run trained nothing: its final record is there already. (A run
+    # stopped at an evaluation logs it, and then its final one, at the same step.)
+    if not (stats["steps_trained"] == 0 and log.has_eval(step)):
+        log.write({"kind": "eval", "step": step} | final_scores)
     tracker, best_checkpointer = best
     if tracker is not None:
         if tracker.update(step, final_scores) and best_checkpointer is not None:

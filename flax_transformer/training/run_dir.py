@@ -27,6 +27,8 @@ curves.png, attention.png       the loop (plots) -> people; PNG
 flax_params.safetensors,        write_weights (loop; with --keep-best also best_*) -> parity,
 torch_model.safetensors         torch_reference, people; safetensors
 results.json (RESULTS)          write_results (train) -> read_results, people; JSON
+.lock (LOCK)                    lock_run_dir (train, for the whole run) -> a second train on
+                                the same workdir (refused); empty but for the holder's pid
 
 `LAYOUT` holds the same table as data (tests check a trained run against it and the docs'
 table in docs/training.md against it). Reading never fails on a file cut short by a crash:
@@ -36,7 +38,10 @@ table in docs/training.md against it). Reading never fails on a file cut short b
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +65,7 @@ FLAX_WEIGHTS = "flax_params.safetensors"
 TORCH_WEIGHTS = "torch_model.safetensors"
 BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
 RESULTS = "results.json"
+LOCK = ".lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +114,48 @@ LAYOUT = (
           "--keep-best"),
     Entry(RESULTS, "write_results (train)", "read_results, people",
           "JSON: scores, examples, paths"),
+    Entry(LOCK, "lock_run_dir (train)", "lock_run_dir: a second run on the workdir",
+          "flock for the whole run; the holder's pid"),
 )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the lock
+class RunDirInUse(ValueError):
+    """Another process holds the run directory's lock (bad input: exit status 2)."""
+
+
+class RunLock:
+    """An exclusive `flock` on WORKDIR/.lock, held by one training run from its first write to
+    its exit. The OS drops it when the holder dies (even by SIGKILL), so a lock is never
+    stale; the file itself stays (removing it would let two processes lock two different
+    files)."""
+
+    def __init__(self, workdir: Path, fd: int):
+        self.workdir, self._fd = Path(workdir), fd
+
+    def release(self) -> None:
+        """Unlock (closing the file drops the flock); a second call does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def lock_run_dir(workdir: Path) -> RunLock:
+    """Lock the existing directory `workdir` for this process; RunDirInUse naming the holder's
+    pid when another process has it (nothing is written then: the file exists already)."""
+    path = Path(workdir) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise RunDirInUse(f"--workdir {workdir} is in use by another run (pid {holder})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return RunLock(workdir, fd)
 
 
 # ----------------------------------------------------------------------------- model files
@@ -148,11 +195,14 @@ def write_run_json(
     valid_examples: int | None = None,
     carry: list[str] | tuple[str, ...] = (),
     imported_from: str | None = None,
+    resumed: list[dict] | tuple[dict, ...] = (),
 ) -> dict[str, Any]:
     """run.json: the model kind, the tokenizer kind, every flag of the run (what --resume and
     --run-config read back), the example counts, the carried files (`carry`: copied into a run
-    started from this one with --init-from) and, for an import, where it came from. The same
-    keys whoever writes it; returns what was written."""
+    started from this one with --init-from), for an import, where it came from, and `resumed`:
+    one record per --resume that changed a flag ({"changed": {flag: [before, after]}}; `args`
+    holds the values now in force). The same keys whoever writes it; returns what was
+    written."""
     info = {
         "model": model,
         "tokenizer": tokenizer,
@@ -161,6 +211,7 @@ def write_run_json(
         "valid_examples": valid_examples,
         "carry": list(carry),
         "imported_from": imported_from,
+        "resumed": list(resumed),
     }
     atomic_write_text(Path(workdir) / RUN_JSON, json.dumps(info, indent=2) + "\n")
     return info
@@ -200,7 +251,18 @@ def read_metrics(path: Path) -> list[dict]:
     path = path / METRICS if path.is_dir() else path
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines[:-1]]
+    if lines:
+        try:
+            records.append(json.loads(lines[-1]))
+        except ValueError:
+            # A last line cut short (the disk filled up, or the process was killed, mid-write):
+            # the record was never complete; anything else broken is an error.
+            if text.endswith("\n"):
+                raise
+    return records
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
