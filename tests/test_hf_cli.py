@@ -147,7 +147,7 @@ def test_fine_tune_with_init_from_then_export_to_transformers(imported, tmp_path
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.slow  # 20 s: a fine-tuning run; the fast suite has bf16 training in test_run_dir
+@pytest.mark.slow  # 20 s: a fine-tuning run, then an export
 def test_an_import_fine_tunes_in_bfloat16_and_exports(imported, tmp_path):
     """--init-from an imported model with --dtype bfloat16: bf16 compute on the float32
     weights, and the run still exports (its dtype is the run's, not the model's)."""

@@ -140,7 +140,7 @@ def test_a_partial_config_is_filled_from_the_preset_and_says_so(tmp_path, capsys
 @pytest.mark.parametrize(
     "dtype, compute, params",
     [
-        # bfloat16 is also trained fast by test_a_run_is_fine_tuned_in_bfloat16_with_init_from
+        # (bfloat16 in the slow set, with test_a_run_is_fine_tuned_in_bfloat16_with_init_from)
         pytest.param("bfloat16", "bfloat16", "float32", marks=pytest.mark.slow),
         ("float64", "float64", "float64"),
     ],
@@ -178,6 +178,7 @@ def test_float32_is_the_default_dtype(float32_run):
     assert _logits(load_run(workdir)).dtype == np.float32
 
 
+@pytest.mark.slow  # 13 s: two training runs
 def test_a_run_is_fine_tuned_in_bfloat16_with_init_from(float32_run, tmp_path, capsys):
     init, _ = float32_run
     seen = []
@@ -207,6 +208,7 @@ def test_logs_have_no_terminal_codes_and_a_plain_line_per_logged_step(float32_ru
         assert "\r" not in text and "\x1b" not in text
 
 
+@pytest.mark.slow  # 9 s; plain logs stay fast in test_logs_have_no_terminal_codes_...
 def test_a_fresh_run_logs_plain_lines(tmp_path, capsys):
     code, out, err = run_main(capsys, *TINY, "--workdir", tmp_path / "w")
     assert code == 0

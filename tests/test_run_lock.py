@@ -83,6 +83,7 @@ def checkpoint_steps(workdir: Path) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- the lock
+@pytest.mark.slow  # 24 s: two real training processes
 def test_a_second_run_on_a_workdir_in_use_is_refused_and_writes_nothing(tmp_path):
     workdir = tmp_path / "run"
     first, _, release = start_held(tmp_path, workdir, 5)
@@ -129,6 +130,7 @@ def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
 
 
 # ----------------------------------------------------------------------------- signals
+@pytest.mark.slow  # 15-34 s each: a run stopped by a real signal, then resumed
 @pytest.mark.parametrize(
     ("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
 )
@@ -177,6 +179,7 @@ def _full_disk_after(step: int, real):
     return append
 
 
+@pytest.mark.slow  # 8 s; a full disk stays fast in test_a_full_disk_while_writing_the_weights
 def test_a_full_disk_stops_the_run_in_one_line_keeping_the_last_checkpoint(
     tmp_path, monkeypatch, capsys
 ):
@@ -196,6 +199,7 @@ def test_a_full_disk_stops_the_run_in_one_line_keeping_the_last_checkpoint(
     assert max(r["step"] for r in run_dir.read_metrics(workdir)) == 4
 
 
+@pytest.mark.slow  # 7 s; a full disk stays fast in test_a_full_disk_while_writing_the_weights
 def test_a_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch, capsys):
     import orbax.checkpoint as ocp
 
@@ -261,6 +265,7 @@ def test_resume_refuses_a_setting_that_changes_the_result(finished, capsys, flag
     assert snapshot(finished) == before
 
 
+@pytest.mark.slow  # 10 s: a resumed training run
 def test_resume_records_compatible_settings_and_writes_no_duplicate_record(finished, capsys):
     saved = run_dir.read_run_json(finished)
     assert saved["resumed"] == []

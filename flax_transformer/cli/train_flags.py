@@ -224,6 +224,7 @@ def check_args(args) -> None:
     classes (options_from_args)."""
     from flax_transformer.training.options import DataOptions
 
+    check_workdir_not_input(args)  # first: a run that would write over its input is the worst
     sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
@@ -254,7 +255,6 @@ def check_args(args) -> None:
             )
     else:  # the init run's config is checked when it is loaded
         check_model_flags(args)
-    check_workdir_not_input(args)
     if args.mesh:
         from flax_transformer.training.distributed import check_mesh_spans_processes
         from flax_transformer.training.sharding import MeshError, make_mesh
