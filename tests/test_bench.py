@@ -16,6 +16,7 @@ from flax_transformer.nn.model import Transformer
 from flax_transformer.spec.presets import preset
 
 
+@pytest.mark.slow  # 9 s: compiles the reference model for its cost analysis
 def test_model_flops_match_xla_cost_analysis():
     """Our analytic matmul count of one forward is within 2% of XLA's own FLOP count (which
     adds the elementwise work: softmax, LayerNorm, activations)."""

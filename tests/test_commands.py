@@ -220,6 +220,7 @@ def test_train_takes_workdir():
     assert "--workdir" in train.build_parser().format_help()
 
 
+@pytest.mark.slow  # 5 s: builds and compares a run; --workdir of parity is also in the table test
 def test_parity_of_a_run_against_itself_with_workdir(tmp_path, capsys):
     """`ftx parity --workdir RUN`: the run's weights in Flax against the same weights in the
     torch twin, float64: they agree (exit 0)."""

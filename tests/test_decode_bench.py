@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from bench.decode import main
 
 
+@pytest.mark.slow  # 10 s: a benchmark smoke run
 def test_quick_benchmark_writes_results(tmp_path, capsys):
     out, png = tmp_path / "decode.json", tmp_path / "latency.png"
     assert main(["--quick", "--json", str(out), "--plot", str(png)]) == 0

@@ -40,6 +40,7 @@ def test_hlo_op_names_reads_instruction_metadata():
     assert ps.hlo_op_names(hlo) == {"ynn_fusion.3": "x/y"}
 
 
+@pytest.mark.slow  # 13 s: a benchmark smoke run
 def test_profile_of_the_quick_config_covers_the_model():
     result = ps.profile(setup.bench_config("tiny"), setup.QUICK_BATCH, steps=1, warmup=1)
     assert result["step_ms"] > 0 and 0 <= result["idle_ms"] <= result["step_ms"]

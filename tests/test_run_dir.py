@@ -142,7 +142,7 @@ def test_a_partial_config_is_filled_from_the_preset_and_says_so(tmp_path, capsys
     [
         # (bfloat16 in the slow set, with test_a_run_is_fine_tuned_in_bfloat16_with_init_from)
         pytest.param("bfloat16", "bfloat16", "float32", marks=pytest.mark.slow),
-        ("float64", "float64", "float64"),
+        pytest.param("float64", "float64", "float64", marks=pytest.mark.slow),  # 18 s
     ],
 )
 def test_dtype_trains_in_that_dtype(tmp_path, capsys, dtype, compute, params):
