@@ -386,7 +386,8 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
     # run on the workdir stops here, having written nothing; a refused command never touches
     # it), and a new run checks again that no run finished in the workdir meanwhile.
     make_workdir(workdir, lock)
-    if not args.resume and has_run(workdir):
+    # (Only process 0 writes the run files; the others find them there by design.)
+    if not args.resume and is_primary() and has_run(workdir):
         raise UsageError(
             f"--workdir {workdir} already holds a run (written while this command read its "
             "input); pass --resume to continue it, or choose another --workdir"
