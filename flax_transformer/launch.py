@@ -9,7 +9,9 @@ Python) with `--coordinator 127.0.0.1:PORT --num-processes N --process-id I` app
 free loopback port. On a CPU, `--devices-per-process D` gives each process D devices
 (JAX_NUM_CPU_DEVICES). Their output is streamed line by line, prefixed with `[I]`. When a
 process fails, the others are stopped (SIGTERM, then SIGKILL after --grace seconds) and the
-launcher exits with the failed process's status, after saying which one it was. The same
+launcher exits with the failed process's status. Its output always ends with one `[launch]`
+line: the process that failed, its exit status and the last error it printed (or that all
+succeeded). The same
 train.py command runs on a cluster without this launcher: there each host starts its
 processes with its own --process-id (or a SLURM / Open MPI job is detected).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -122,22 +125,46 @@ def process_env(devices_per_process: int | None, environ=None) -> dict[str, str]
     return env
 
 
-def _stream(index: int, pipe, out, lock: threading.Lock) -> None:
+# A line that reports an error: a Python exception line ("ValueError: ..."), "error: ..." as
+# the project's commands print it, or a fatal message from the runtime.
+ERROR_LINE = re.compile(
+    r"^[\w.]*(?:Error|Exception|KeyboardInterrupt|SystemExit)\b"
+    r"|\b(?i:error)\b|\b(?:Fatal|FATAL|Aborted|Killed|Segmentation fault)\b"
+)
+
+
+class ProcessOutput:
+    """What one process printed that the final line needs: its last error line and its last
+    line."""
+
+    def __init__(self) -> None:
+        self.last_error: str | None = None
+        self.last_line: str | None = None
+
+    def saw(self, line: str) -> None:
+        self.last_line = line
+        if ERROR_LINE.search(line.strip()):
+            self.last_error = line.strip()
+
+
+def _stream(index: int, pipe, out, lock: threading.Lock, seen: ProcessOutput) -> None:
     """Copies a process's output to `out`, each line (also a progress bar's \\r updates)
-    prefixed with [index]."""
+    prefixed with [index], and notes its error lines in `seen`."""
     pending = b""
     for chunk in iter(lambda: pipe.read1(65536), b""):
         pending += chunk.replace(b"\r", b"\n")
         *lines, pending = pending.split(b"\n")
-        _write(out, lock, index, [line for line in lines if line.strip()])
+        _write(out, lock, index, [line for line in lines if line.strip()], seen)
     if pending.strip():
-        _write(out, lock, index, [pending])
+        _write(out, lock, index, [pending], seen)
 
 
-def _write(out, lock, index, lines) -> None:
+def _write(out, lock, index, lines, seen: ProcessOutput) -> None:
     with lock:
         for line in lines:
-            out.write(f"[{index}] {line.decode('utf-8', 'replace')}\n")
+            text = line.decode("utf-8", "replace")
+            seen.saw(text)
+            out.write(f"[{index}] {text}\n")
         out.flush()
 
 
@@ -152,13 +179,34 @@ def describe_status(code: int) -> str:
     return f"exited with status {code}"
 
 
+def final_line(failed: int | None, children, outputs: list[ProcessOutput], stopped) -> str:
+    """The launcher's last line: which process failed, how, and the last error it printed (or
+    its last line when it printed none); or that every process succeeded."""
+    if failed is None:
+        return f"all {len(children)} processes exited with status 0"
+    seen = outputs[failed]
+    if seen.last_error:
+        said = f"its last error: {seen.last_error}"
+    elif seen.last_line:
+        said = f"it printed no error; its last line: {seen.last_line.strip()}"
+    else:
+        said = "it printed nothing"
+    line = f"process {failed} {describe_status(children[failed].returncode)}; {said}"
+    if stopped:
+        line += f" (stopped processes {stopped})"
+    return line
+
+
 def launch(command: list[str], processes: int, devices_per_process=None, grace=10.0, out=None):
-    """Runs the processes to the end; the exit status: 0, or the first failed process's."""
+    """Runs the processes to the end; the exit status: 0, or the first failed process's.
+    The output ends with one [launch] line (final_line) after every process's output."""
     out = sys.stdout if out is None else out
     port = free_port()
     env = process_env(devices_per_process)
     lock = threading.Lock()
     children, streams = [], []
+    outputs = [ProcessOutput() for _ in range(processes)]
+    failed, stopped = None, []
     try:
         for index in range(processes):
             child = subprocess.Popen(
@@ -169,21 +217,26 @@ def launch(command: list[str], processes: int, devices_per_process=None, grace=1
                 stderr=subprocess.STDOUT,
             )
             children.append(child)
-            stream = threading.Thread(target=_stream, args=(index, child.stdout, out, lock))
+            stream = threading.Thread(
+                target=_stream, args=(index, child.stdout, out, lock, outputs[index])
+            )
             stream.start()
             streams.append(stream)
         failed = _wait_for_first_failure(children)
         if failed is not None:
-            code = children[failed].returncode
-            others = [i for i, c in enumerate(children) if c.poll() is None]
-            _say(out, lock, f"process {failed} {describe_status(code)}; stopping {others}")
-            _stop(children, grace)
-            return code if code > 0 else 1
-        return 0
+            stopped = [i for i, c in enumerate(children) if c.poll() is None]
+            if stopped:
+                _say(out, lock, f"process {failed} failed; stopping {stopped}")
     finally:
-        _stop(children, grace)  # e.g. Ctrl-C in the launcher
+        _stop(children, grace)  # also on Ctrl-C in the launcher
         for stream in streams:
             stream.join()
+    # After every process's output, so that it is the last line.
+    _say(out, lock, final_line(failed, children, outputs, stopped))
+    if failed is None:
+        return 0
+    code = children[failed].returncode
+    return code if code > 0 else 1
 
 
 def _wait_for_first_failure(children) -> int | None:
@@ -228,7 +281,11 @@ def main(argv=None) -> int:
     if problem:  # one line, before any process starts (not N tracebacks)
         print(f"error: {problem}; nothing was started", file=sys.stderr)
         return 2
-    return launch(command, args.processes, args.devices_per_process, args.grace)
+    try:
+        return launch(command, args.processes, args.devices_per_process, args.grace)
+    except KeyboardInterrupt:  # the processes were stopped on the way out (launch's finally)
+        print("[launch] interrupted (Ctrl-C); every process was stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

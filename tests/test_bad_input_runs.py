@@ -274,3 +274,35 @@ def test_a_failed_atomic_write_leaves_the_old_file(tmp_path):
         tmp.write_text("half of the new con")
         raise RuntimeError("killed mid-write")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+# ----------------------------------------------------------------------------- file lists
+def test_a_file_renamed_while_the_list_is_made_is_left_out(tmp_path, monkeypatch):
+    """The two-process run that exited 1 once in six: process 1 listed the step directory while
+    process 0's temporary list file was being renamed, and stat() of it failed."""
+    from flax_transformer.training import checkpoint_files
+
+    step_dir = tmp_path / "24"
+    step_dir.mkdir()
+    (step_dir / "kept").write_bytes(b"12345")
+    real_walk = os.walk
+
+    def walk_seeing_a_vanished_file(top):
+        for root, dirs, names in real_walk(top):
+            yield root, dirs, [*names, ".files.70a44f46.tmp.json"]  # renamed away meanwhile
+
+    monkeypatch.setattr(checkpoint_files.os, "walk", walk_seeing_a_vanished_file)
+    checkpoint_files.record_files(step_dir)
+    assert json.loads((step_dir / checkpoint_files.FILE_LIST).read_text()) == {"kept": 5}
+
+
+def test_only_process_0_writes_the_file_list(tmp_path, monkeypatch):
+    from flax_transformer.training import checkpoint, checkpoint_files
+
+    monkeypatch.setattr(checkpoint, "is_primary", lambda: False)  # process 1 of a run
+    directory = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(directory, keep=None)
+    checkpointer.save(tiny_state(1))
+    checkpointer.close()
+    assert (directory / "1").is_dir()
+    assert not (directory / "1" / checkpoint_files.FILE_LIST).exists()

@@ -69,36 +69,82 @@ def test_each_process_gets_the_command_and_its_place():
     assert 0 < launch.free_port() < 65536
 
 
-# Stand-in processes (no JAX): each prints its id; `process-id 1` fails at once, the others
-# would sleep for a minute.
+# Stand-in processes (no JAX): each prints its id and leaves a mark in the folder given;
+# `process-id 1` fails once every process has printed (so that no hello is cut off on a busy
+# machine), the others would sleep for a minute.
 CHILD = """
-import sys, time
+import pathlib, sys, time
 me = int(sys.argv[sys.argv.index("--process-id") + 1])
+marks = pathlib.Path(sys.argv[1])
 print(f"hello from {me}", flush=True)
+(marks / str(me)).touch()
 if me == 1:
+    deadline = time.monotonic() + 30
+    while len(list(marks.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("ValueError: the data ran out", flush=True)
+    print("a line after it", flush=True)
     sys.exit(3)
 time.sleep(60)
 """
 
 
-def test_when_one_process_fails_the_launcher_stops_the_others_and_names_it():
+def test_when_one_process_fails_the_launcher_stops_the_others_and_names_it(tmp_path):
     out = io.StringIO()
     started = time.monotonic()
-    code = launch.launch([sys.executable, "-c", CHILD], 3, grace=5.0, out=out)
+    code = launch.launch([sys.executable, "-c", CHILD, str(tmp_path)], 3, grace=5.0, out=out)
     elapsed = time.monotonic() - started
     assert code == 3
-    assert elapsed < 15  # not the others' 60 s
+    assert elapsed < 45  # not the others' 60 s
     lines = out.getvalue().splitlines()
     assert {"[0] hello from 0", "[1] hello from 1", "[2] hello from 2"} <= set(lines)
-    assert "[launch] process 1 exited with status 3; stopping [0, 2]" in lines
+    assert "[launch] process 1 failed; stopping [0, 2]" in lines
+    # The last line, after every process's output: who failed, how, and the last error it said.
+    assert lines[-1] == (
+        "[launch] process 1 exited with status 3; its last error: ValueError: the data ran out "
+        "(stopped processes [0, 2])"
+    )
+
+
+def test_a_failure_after_the_others_finished_is_named_on_the_last_line():
+    """The issue's intermittent case: process 1 fails after process 0 has ended well, and the
+    last line must still say so (it used to be the progress bar)."""
+    child = (
+        "import sys, time\n"
+        "me = sys.argv[-1]\n"
+        "print('train 24/24 |#####|', flush=True)\n"
+        "if me == '1':\n"
+        "    time.sleep(0.5); sys.exit(1)\n"
+    )
+    out = io.StringIO()
+    assert launch.launch([sys.executable, "-c", child], 2, out=out) == 1
+    assert out.getvalue().splitlines()[-1] == (
+        "[launch] process 1 exited with status 1; it printed no error; its last line: "
+        "train 24/24 |#####|"
+    )
+
+
+def test_a_killed_process_is_named_with_its_signal():
+    child = "import os, signal, sys\nif sys.argv[-1] == '0': os.kill(os.getpid(), signal.SIGKILL)\n"
+    out = io.StringIO()
+    assert launch.launch([sys.executable, "-c", child], 2, out=out) == 1
+    assert out.getvalue().splitlines()[-1] == (
+        "[launch] process 0 was killed by SIGKILL; it printed nothing"
+    )
 
 
 def test_the_launcher_succeeds_when_every_process_does():
     out = io.StringIO()
     child = "import sys; print('line one\\rline two', sys.argv[-1])"
     assert launch.launch([sys.executable, "-c", child], 2, out=out) == 0
-    lines = sorted(out.getvalue().splitlines())
-    assert lines == ["[0] line one", "[0] line two 0", "[1] line one", "[1] line two 1"]
+    lines = out.getvalue().splitlines()
+    assert lines[-1] == "[launch] all 2 processes exited with status 0"
+    assert sorted(lines[:-1]) == [
+        "[0] line one",
+        "[0] line two 0",
+        "[1] line one",
+        "[1] line two 1",
+    ]
 
 
 # ----------------------------------------------------------------------------- train.py flags

@@ -15,7 +15,6 @@ train.py, `ftx train`, `python -m flax_transformer.train`).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of 
     wants_float64,
 )
 from flax_transformer.cli.train_resume import changed_settings
+from flax_transformer.files.space import is_out_of_space, out_of_space_message
 from flax_transformer.training import data as data_checks
 from flax_transformer.training import run_dir
 from flax_transformer.training.interrupts import exit_status, sigterm_raises
@@ -271,8 +271,8 @@ def _main(argv, hooks, started: float) -> int:
         return 2
     except (OSError, RuntimeError) as err:
         # The run failed: it diverged, a checkpoint could not be written, the disk filled up.
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # outside the loop
-            err = OSError(f"the disk is full: cannot write {err.filename or 'a file'}")
+        if is_out_of_space(err):  # outside the loop
+            err = OSError(out_of_space_message(err))
         print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
         distributed.exit_now(1)
         return 1

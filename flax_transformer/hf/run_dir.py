@@ -55,36 +55,38 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
     if first is None or cfg.eos_id is None:
         what = "bos_token_id" if kind == LM else "decoder_start_token_id"
         raise ValueError(f"{hf_dir}/config.json: a run needs {what} and eos_token_id")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    layout.write_config(run_dir, cfg)
-    tokenizer = HFTokenizer(
-        model.tokenizer,
-        pad_id=cfg.pad_id,
-        bos_id=first,
-        eos_id=cfg.eos_id,
-        vocab_size=cfg.tgt_vocab_size,
-    )
-    layout.write_tokenizer(run_dir, tokenizer)
-    carry = [HF_CONFIG]
-    layout.write_carry_json(run_dir, HF_CONFIG, model.hf_config)
-    if model.generation_config:
-        carry.append(HF_GENERATION_CONFIG)
-        layout.write_carry_json(run_dir, HF_GENERATION_CONFIG, model.generation_config)
-    layout.write_run_json(
-        run_dir, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
-        imported_from=str(hf_dir),
-    )  # fmt: skip
-    checkpointer = Checkpointer(run_dir / layout.CHECKPOINTS)
-    try:
-        state = TrainState(
-            step=jnp.array(0, jnp.int32),
-            params=model.variables["params"],
-            opt_state={"none": np.zeros((), np.int32)},  # Orbax stores no empty item
-            rng=jax.random.PRNGKey(0),
+    # Written whole into a staging directory that becomes run_dir at the end: an interrupted
+    # or failed import leaves nothing behind that would block a retry.
+    with staged_directory(run_dir, what="run directory") as staging:
+        layout.write_config(staging, cfg)
+        tokenizer = HFTokenizer(
+            model.tokenizer,
+            pad_id=cfg.pad_id,
+            bos_id=first,
+            eos_id=cfg.eos_id,
+            vocab_size=cfg.tgt_vocab_size,
         )
-        checkpointer.save(state)
-    finally:
-        checkpointer.close()
+        layout.write_tokenizer(staging, tokenizer)
+        carry = [HF_CONFIG]
+        layout.write_carry_json(staging, HF_CONFIG, model.hf_config)
+        if model.generation_config:
+            carry.append(HF_GENERATION_CONFIG)
+            layout.write_carry_json(staging, HF_GENERATION_CONFIG, model.generation_config)
+        layout.write_run_json(
+            staging, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
+            imported_from=str(hf_dir),
+        )  # fmt: skip
+        checkpointer = Checkpointer(staging / layout.CHECKPOINTS)
+        try:
+            state = TrainState(
+                step=jnp.array(0, jnp.int32),
+                params=model.variables["params"],
+                opt_state={"none": np.zeros((), np.int32)},  # Orbax stores no empty item
+                rng=jax.random.PRNGKey(0),
+            )
+            checkpointer.save(state)
+        finally:
+            checkpointer.close()
     return run_dir
 
 

@@ -14,7 +14,6 @@ checkpoint that cannot be read a `CheckpointReadError` naming the step and what 
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import uuid
@@ -25,7 +24,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer.files.space import is_out_of_space
 from flax_transformer.training.checkpoint_files import damage, record_files, short_error
+from flax_transformer.training.distributed import is_primary
 from flax_transformer.training.state import TrainState
 
 ITEMS = ("params", "opt_state", "meta")
@@ -44,10 +45,8 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 def is_disk_full(err: BaseException) -> bool:
-    """An ENOSPC OSError, or an Orbax / tensorstore error whose text says the disk is full."""
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        return True
-    return "no space left on device" in str(err).lower()
+    """A full disk, quota or file-size limit, also inside an Orbax / tensorstore error."""
+    return is_out_of_space(err)
 
 
 class CheckpointReadError(ValueError):
@@ -254,7 +253,10 @@ class Checkpointer:
         step, self._pending = self._pending, None
         try:
             self.manager.wait_until_finished()
-            record_files(self.directory / str(step))
+            if is_primary():
+                # One writer: two processes listing the directory while the other's list is
+                # being renamed into place was a failed run (an intermittent exit 1).
+                record_files(self.directory / str(step))
         except Exception as err:
             self._failed = True
             raise CheckpointWriteError(

@@ -17,7 +17,8 @@ FILE_LIST = "files.json"  # inside each finished step directory: {relative path:
 
 
 def record_files(step_dir: Path) -> None:
-    """Write the file list of a finished step directory (once)."""
+    """Write the file list of a finished step directory (once; in a multi-process run only
+    process 0 calls it, see Checkpointer.wait)."""
     target = step_dir / FILE_LIST
     if target.exists() or not step_dir.is_dir():
         return
@@ -25,7 +26,10 @@ def record_files(step_dir: Path) -> None:
     for root, _, names in os.walk(step_dir):
         for name in names:
             path = Path(root) / name
-            sizes[str(path.relative_to(step_dir))] = path.stat().st_size
+            try:
+                sizes[str(path.relative_to(step_dir))] = path.stat().st_size
+            except FileNotFoundError:  # a temporary file renamed meanwhile: not part of the step
+                continue
     atomic_write_text(target, json.dumps(sizes, sort_keys=True))
 
 

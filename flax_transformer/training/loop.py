@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from flax_transformer.files.space import out_of_space_message
 from flax_transformer.nn.kinds import is_lm, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.training import run_dir
@@ -370,8 +371,8 @@ def write_failed(err: Exception, checkpointer, metrics_path: Path) -> TrainingEr
         path = checkpointer.directory / str(err.step)
         full = err.disk_full
     else:
-        path, full = err.filename or "a file of the run", True  # (only ENOSPC comes here)
-    what = f"the disk is full: cannot write {path}" if full else str(err)
+        path, full = err.filename or "a file of the run", True  # (only out-of-space comes here)
+    what = out_of_space_message(err.__cause__ or err, path) if full else str(err)
     try:
         truncate_metrics(metrics_path, last)
         metrics = f"metrics.jsonl now ends at step {last}"
