@@ -271,7 +271,8 @@ def _main(argv, hooks, started: float) -> int:
         return 2
     except (OSError, RuntimeError) as err:
         # The run failed: it diverged, a checkpoint could not be written, the disk filled up.
-        if is_out_of_space(err):  # outside the loop
+        if isinstance(err, OSError) and is_out_of_space(err):  # outside the loop (the loop's
+            # own TrainingError already says which checkpoint is kept)
             err = OSError(out_of_space_message(err))
         print(f"error: {distributed.describe_failure(err)}", file=sys.stderr)
         distributed.exit_now(1)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM
 from flax_transformer.spec.validate import SEED, Float, Int
@@ -297,6 +298,7 @@ def check_flags_against_model(args: argparse.Namespace, config) -> str | None:
     return None
 
 
+@one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.generate` / `ftx generate`: print one output
     line per input line; exit status 2 for a bad workdir, flag or input line (an empty line is

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from flax_transformer.cli.flags import one_run_dir
 from flax_transformer.export.output import ExportError, check_float32, check_output_dir
+from flax_transformer.files.interruptions import one_line_failures
 
 FORMATS = ("stablehlo", "onnx", "torch-int8")
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
@@ -105,6 +106,7 @@ def export_run(run, args: argparse.Namespace, directory: Path) -> dict:
     return export_torch_int8(run, directory)
 
 
+@one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.export` / `ftx export`: write the chosen format
     into --out (staged, so a failure leaves no half directory); exit status 2 for a run that

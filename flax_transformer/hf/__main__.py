@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from flax_transformer.files.interruptions import one_line_failures
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `python -m flax_transformer.hf` / `ftx hf`: the `import` and
@@ -112,6 +114,7 @@ def output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+@one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.hf` / `ftx hf`: import a save_pretrained
     directory as a run, or export a run as one; print {"command", "output"} as JSON. Exit status
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "import" and (problem := missing_hf_dir(args.hf_dir)):
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    from flax_transformer.files.space import is_out_of_space
     from flax_transformer.hf.run_dir import export_run, import_run
     from flax_transformer.spec.tree_check import ConversionError
 
@@ -132,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out = export_run(args.run_dir, args.hf_dir, args.checkpoint, force=args.force)
     except (ValueError, ConversionError, OSError) as err:
+        if is_out_of_space(err):
+            raise  # a failed write, not bad input: one_line_failures says it (exit 1)
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({"command": args.command, "output": str(out)}))

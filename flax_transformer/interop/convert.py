@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
+from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.modes import give_umask_mode
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import (
@@ -280,6 +281,7 @@ def load_torch_state(
 
 
 # ----------------------------------------------------------------------------- CLI
+@one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.convert` / `ftx convert`: convert torch weights
     to Flax or back (the direction follows the input), print a JSON summary. Exit status 2 for

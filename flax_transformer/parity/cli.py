@@ -20,6 +20,7 @@ from typing import Any
 
 from flax_transformer.cli.flags import flag_type
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
+from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.interop.convert import (
     MODEL_KINDS,
     ConversionError,
@@ -273,6 +274,7 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
     )
 
 
+@one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.parity` / `ftx parity`: print the report as a
     table (or JSON with --json -). Exit status 0 all within tolerance, 1 something out of

@@ -14,8 +14,10 @@ checkpoint that cannot be read a `CheckpointReadError` naming the step and what 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,11 @@ ITEMS = ("params", "opt_state", "meta")
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written; `step` is the one lost."""
 
-    def __init__(self, message: str, step: int | None, disk_full: bool = False):
+    def __init__(self, message: str, step: int | None, disk_full: bool = False, filename=None):
         super().__init__(message)
         self.step, self.disk_full = step, disk_full
+        _ORBAX_FILTER.write_failed = True
+        self.filename = filename  # the step directory (named by out-of-space messages)
 
 
 # Orbax writes a step into "<step>.orbax-checkpoint-tmp-<time>" and renames it when complete.
@@ -86,11 +90,56 @@ def _on_this_process(abstract_tree):
     return jax.tree.map(target, abstract_tree)
 
 
+class _OrbaxErrorsWeReport(logging.Filter):
+    """Drops Orbax's own ERROR log records (a traceback from its background thread for a
+    failed write), and asyncio's "exception was never retrieved" records once a write has
+    failed (the rest of that save's writes, failing the same way): every such failure reaches
+    the caller as a CheckpointWriteError, said in one line. Other records pass."""
+
+    write_failed = False  # set when a CheckpointWriteError is raised
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "asyncio":
+            return not (self.write_failed and "never retrieved" in str(record.msg))
+        return f"{os.sep}orbax{os.sep}" not in (record.pathname or "")
+
+
+_ORBAX_FILTER = _OrbaxErrorsWeReport()
+
+
+def _quiet_orbax_write_errors() -> None:
+    """Install the filter on absl's logger, through which Orbax logs, and the unraisable hook
+    below (once per process)."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _ORBAX_FILTER not in logger.filters:
+            logger.addFilter(_ORBAX_FILTER)
+    if sys.unraisablehook is not _drop_closed_loop_callbacks:
+        _drop_closed_loop_callbacks.previous = sys.unraisablehook
+        sys.unraisablehook = _drop_closed_loop_callbacks
+
+
+def _drop_closed_loop_callbacks(unraisable) -> None:
+    """After a failed write, tensorstore's remaining write callbacks find Orbax's event loop
+    closed and raise where nothing can catch them (dozens of tracebacks after the one line that
+    says what failed). Those are dropped; any other unraisable error is printed as usual."""
+    err = unraisable.exc_value
+    if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
+        return
+    _drop_closed_loop_callbacks.previous(unraisable)
+
+
+_drop_closed_loop_callbacks.previous = sys.__unraisablehook__
+
+
 class Checkpointer:
     """The Orbax checkpoints of one run in `directory` (the last `keep` steps): asynchronous
     saves, restores that name what is damaged."""
 
     def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
+        _quiet_orbax_write_errors()
         self.directory = Path(directory).absolute()
         self._pending: int | None = None  # the step of a save that may still be in flight
         self._failed = False
@@ -130,6 +179,7 @@ class Checkpointer:
                 f"({err.strerror or err})",
                 step,
                 is_disk_full(err),
+                self.directory / str(step),
             ) from None
         meta = {
             "step": step,
@@ -152,6 +202,7 @@ class Checkpointer:
                 f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
                 step,
                 is_disk_full(err),
+                self.directory / str(step),
             ) from None
         self._pending = step
         return step
@@ -263,6 +314,7 @@ class Checkpointer:
                 f"cannot write checkpoint step {step} into {self.directory} ({short_error(err)})",
                 step,
                 is_disk_full(err),
+                self.directory / str(step),
             ) from None
 
     def remove_unfinished(self) -> list[Path]:

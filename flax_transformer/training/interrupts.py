@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM during training: one line and a resumable run, never a traceback.
 
-`sigterm_raises()` makes SIGTERM raise `Terminated` (a KeyboardInterrupt) in the main thread, as
-Ctrl-C raises KeyboardInterrupt, so that the loop's cleanup runs for both: the checkpoint save
+`sigterm_raises()` (files/interruptions.py, shared with every command that writes) makes SIGTERM
+raise `Terminated` (a KeyboardInterrupt) in the main thread, as Ctrl-C raises KeyboardInterrupt,
+so that the loop's cleanup runs for both: the checkpoint save
 in flight finishes, Orbax's temporary directories are removed, and the loop raises
 `TrainingInterrupted` with the step reached and the last checkpoint. The training CLI prints
 its message and exits 130 (SIGINT) or 143 (SIGTERM), the shell's 128 + signal number. (A
@@ -10,18 +11,13 @@ process of a multi-process run still dies of SIGTERM at once, as the launcher ex
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import sys
-import threading
-
-EXIT_SIGINT = 128 + signal.SIGINT  # 130
-EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (raised by the handler `sigterm_raises` installs)."""
+from flax_transformer.files.interruptions import (  # noqa: F401  (the training names)
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    Terminated,
+    exit_status,
+    sigterm_raises,
+)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -30,13 +26,6 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, exit_status: int):
         super().__init__(message)
         self.exit_status = exit_status
-
-
-def exit_status(err: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM."""
-    if isinstance(err, TrainingInterrupted):
-        return err.exit_status
-    return EXIT_SIGTERM if isinstance(err, Terminated) else EXIT_SIGINT
 
 
 def interrupted(err: KeyboardInterrupt, step: int, last_checkpoint: int | None, workdir):
@@ -49,27 +38,3 @@ def interrupted(err: KeyboardInterrupt, step: int, last_checkpoint: int | None, 
     else:
         where = f"the last checkpoint is step {last_checkpoint}; --resume continues"
     return TrainingInterrupted(f"interrupted at step {step}: {where}", exit_status(err))
-
-
-def _raise_terminated(signum, frame):
-    distributed = sys.modules.get("flax_transformer.training.distributed")
-    if distributed is not None and distributed.joined():
-        # One process of a multi-process run: its cleanup would wait on the others (a save in
-        # flight is collective), and the launcher stops them all with SIGTERM. End as before.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def sigterm_raises():
-    """Within: SIGTERM raises Terminated (main thread only; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

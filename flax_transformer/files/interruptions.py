@@ -1,0 +1,87 @@
+"""Ctrl-C, SIGTERM and a full disk while a command writes: one line and an exit status, never
+a traceback.
+
+`sigterm_raises()` makes SIGTERM raise `Terminated` (a KeyboardInterrupt) in the main thread, as
+Ctrl-C raises KeyboardInterrupt, so that cleanup runs for both (a staged directory is removed,
+an atomic write leaves the old file). `one_line_failures` wraps a command's `main`: Ctrl-C
+exits 130, SIGTERM 143 (the shell's 128 + signal number), out of space 1, each with one line.
+Nothing half-written is left, because every write of the package is all-or-nothing
+(files/atomic_io.py). The training command has its own, richer messages (training/interrupts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+
+from flax_transformer.files.space import is_out_of_space, out_of_space_message
+
+EXIT_SIGINT = 128 + signal.SIGINT  # 130
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
+EXIT_FAILED = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (raised by the handler `sigterm_raises` installs)."""
+
+
+def exit_status(err: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM (or the status an interruption carries itself)."""
+    carried = getattr(err, "exit_status", None)
+    if carried is not None:
+        return carried
+    return EXIT_SIGTERM if isinstance(err, Terminated) else EXIT_SIGINT
+
+
+def _raise_terminated(signum, frame):
+    distributed = sys.modules.get("flax_transformer.training.distributed")
+    if distributed is not None and distributed.joined():
+        # One process of a multi-process run: its cleanup would wait on the others (a save in
+        # flight is collective), and the launcher stops them all with SIGTERM. End as before.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within: SIGTERM raises Terminated (main thread only; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def one_line_failures(main):
+    """Decorator for a command's `main(argv) -> int`: an interruption or a full disk becomes
+    one line on stderr and the exit status (130 / 143 / 1) instead of a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            with sigterm_raises():
+                return main(*args, **kwargs)
+        except KeyboardInterrupt as err:
+            how = "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C"
+            said = str(err) or f"interrupted ({how}); nothing half-written was kept"
+            print(said, file=sys.stderr)
+            return exit_status(err)
+        except Exception as err:  # an OSError, or a library's error that says so (Orbax)
+            if not is_out_of_space(err):
+                raise
+            print(
+                f"error: {out_of_space_message(err)}; nothing half-written was kept",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+
+    return wrapped

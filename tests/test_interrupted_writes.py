@@ -1,0 +1,186 @@
+"""Writes cut short (issue 24, "interrupted writes"), on the command-line surface: a real
+file-size limit (`ulimit -f`, the way to fill a disk without filling one) and real signals
+in the middle of `hf import`, `hf export --force`, `convert` and a training run. Each ends in one
+line with its exit status (1 out of space, 130 Ctrl-C, 143 SIGTERM), leaves no half-written
+file or directory, keeps what was there before byte for byte, and a retry succeeds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flax_transformer.hf.__main__ import main as hf_main
+from flax_transformer.interop.convert import save_torch_state
+
+from . import hf_models
+from .test_parity_report import CONFIG
+from .test_parity_report_cli import torch_state
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT_BYTES = 20_000  # above every config / tokenizer file, below the weights (about 100 kB)
+
+
+# Runs `python ARGS...` under a file-size limit: the limit is set in a first Python that then
+# becomes the command (exec), so that no fork of this multithreaded test process runs Python.
+LIMITED = (
+    "import os, resource, sys; limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
+
+
+def run(argv, *, limit: int | None = None, cwd=REPO) -> subprocess.CompletedProcess:
+    """`python ARGV` in `cwd`; with `limit`, no file it writes may pass `limit` bytes (EFBIG
+    beyond: Python ignores SIGXFSZ)."""
+    prefix = [] if limit is None else ["-c", LIMITED, str(limit)]
+    return subprocess.run(
+        [sys.executable, *prefix, *map(str, argv)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """The single stderr line of a failed command (no traceback, nothing else)."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `path`."""
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Hidden staging / temporary entries in `folder` (what a half-done write would leave)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("interrupted")
+    return hf_models.save(hf_models.build("marian", seed=2), root / "hf", tokenizer=True)
+
+
+def test_hf_import_past_a_file_size_limit_leaves_nothing_and_a_retry_works(hf_dir, tmp_path):
+    before = tree_digest(hf_dir)
+    workdir = tmp_path / "run"
+    result = run(
+        ["-m", "flax_transformer.hf", "import", hf_dir, "--workdir", workdir], limit=LIMIT_BYTES
+    )
+    assert result.returncode == 1
+    line = one_line(result)
+    assert line.startswith("error: the file-size limit (ulimit -f) stopped the write of ")
+    assert line.endswith("nothing half-written was kept")
+    assert not workdir.exists() and leftovers(tmp_path) == []
+    assert tree_digest(hf_dir) == before
+    retry = run(["-m", "flax_transformer.hf", "import", hf_dir, "--workdir", workdir])
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert json.loads(retry.stdout)["output"] == str(workdir)
+
+
+def test_hf_export_force_past_a_file_size_limit_keeps_the_old_export(hf_dir, tmp_path):
+    workdir, out = tmp_path / "run", tmp_path / "export"
+    assert hf_main(["import", str(hf_dir), "--workdir", str(workdir)]) == 0
+    assert hf_main(["export", "--workdir", str(workdir), "--out", str(out)]) == 0
+    old_export, old_run = tree_digest(out), tree_digest(workdir)
+    argv = ["-m", "flax_transformer.hf", "export", "--workdir", workdir, "--out", out, "--force"]
+    result = run(argv, limit=LIMIT_BYTES)
+    assert result.returncode == 1
+    assert "stopped the write of" in one_line(result)
+    assert tree_digest(out) == old_export and tree_digest(workdir) == old_run
+    assert leftovers(tmp_path) == []
+
+
+def test_convert_past_a_file_size_limit_leaves_no_output(tmp_path):
+    source = tmp_path / "torch.safetensors"
+    save_torch_state(source, torch_state(), CONFIG)
+    out = tmp_path / "flax.safetensors"
+    result = run(["-m", "flax_transformer.convert", source, "--out", out], limit=LIMIT_BYTES)
+    assert result.returncode == 1
+    assert "stopped the write of" in one_line(result)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+# A real signal in the middle of a write: the command runs with its writer wrapped so that the
+# process signals itself once the first part of the output exists.
+SIGNAL_MID_IMPORT = """
+import os, signal, sys
+from flax_transformer.training import checkpoint
+save = checkpoint.Checkpointer.save
+def save_then_signal(self, *args, **kwargs):
+    step = save(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.{sig})
+    return step
+checkpoint.Checkpointer.save = save_then_signal
+from flax_transformer.hf.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "sig, status, how", [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")]
+)
+def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status, how):
+    workdir = tmp_path / "run"
+    code = SIGNAL_MID_IMPORT.format(sig=sig)
+    result = run(["-c", code, "import", hf_dir, "--workdir", workdir])
+    assert result.returncode == status
+    assert one_line(result) == f"interrupted ({how}); nothing half-written was kept"
+    assert not workdir.exists() and leftovers(tmp_path) == []
+
+
+SIGNAL_MID_CONVERT = """
+import os, signal, sys
+import safetensors.numpy
+save_file = safetensors.numpy.save_file
+def save_then_signal(tensors, path, *args, **kwargs):
+    save_file(tensors, path, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)
+safetensors.numpy.save_file = save_then_signal
+from flax_transformer.interop.convert import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_convert_leaves_no_output(tmp_path):
+    source = tmp_path / "torch.safetensors"
+    save_torch_state(source, torch_state(), CONFIG)
+    out = tmp_path / "flax.safetensors"
+    result = run(["-c", SIGNAL_MID_CONVERT, source, "--out", out])
+    assert result.returncode == 130
+    assert one_line(result) == "interrupted (Ctrl-C); nothing half-written was kept"
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+TINY = [
+    "--task-min-len", "1", "--task-max-len", "5", "--task-train-size", "100",
+    "--task-valid-size", "8", "--d-model", "16", "--num-heads", "2", "--num-layers", "1",
+    "--d-ff", "32", "--max-len", "16", "--batch-size", "8", "--dropout", "0", "--warmup", "2",
+    "--steps", "8", "--save-every", "4", "--eval-every", "100",
+]  # fmt: skip
+
+
+@pytest.mark.slow  # a training run (about 10 s)
+def test_training_past_a_real_file_size_limit_is_one_line(tmp_path):
+    """Orbax's own error log and tensorstore's leftover callbacks used to bury the one line."""
+    workdir = tmp_path / "run"
+    result = run(["train.py", *TINY, "--workdir", workdir], limit=LIMIT_BYTES // 4)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert line.startswith("error: the file-size limit (ulimit -f) stopped the write of ")
+    assert "stopping. Nothing was deleted" in line
+    checkpoints = workdir / "checkpoints"
+    assert not [p for p in checkpoints.iterdir() if "tmp" in p.name]
