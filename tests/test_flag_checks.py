@@ -112,6 +112,21 @@ def test_launch_of_a_missing_script_subprocess(tmp_path):
     assert result.stdout == "" and list(tmp_path.iterdir()) == []
 
 
+# ----------------------------------------------------------------------------- parity --json
+def test_parity_json_into_a_missing_directory_names_it_and_reads_nothing(tmp_path):
+    """Refused when the flags are read: before the (here missing) inputs are opened."""
+    report = tmp_path / "no_such_dir" / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "flax_transformer.parity", "a.safetensors", "b.safetensors",
+         "--json", str(report)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"--json {report}: the directory {report.parent} does not exist")
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- model config
 def test_config_max_len_has_a_documented_cap():
     TransformerConfig(max_len=MAX_LEN_LIMIT)

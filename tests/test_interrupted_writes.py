@@ -91,6 +91,7 @@ def test_hf_import_past_a_file_size_limit_leaves_nothing_and_a_retry_works(hf_di
     assert json.loads(retry.stdout)["output"] == str(workdir)
 
 
+@pytest.mark.slow  # 8 s; the same staging is tested fast by the import above
 def test_hf_export_force_past_a_file_size_limit_keeps_the_old_export(hf_dir, tmp_path):
     workdir, out = tmp_path / "run", tmp_path / "export"
     assert hf_main(["import", str(hf_dir), "--workdir", str(workdir)]) == 0
