@@ -142,6 +142,7 @@ class ProcessOutput:
         self.last_line: str | None = None
 
     def saw(self, line: str) -> None:
+        """Note one line the process printed."""
         self.last_line = line
         if ERROR_LINE.search(line.strip()):
             self.last_error = line.strip()

@@ -111,7 +111,10 @@ def test_convert_past_a_file_size_limit_leaves_no_output(tmp_path):
     out = tmp_path / "flax.safetensors"
     result = run(["-m", "flax_transformer.convert", source, "--out", out], limit=LIMIT_BYTES)
     assert result.returncode == 1
-    assert "stopped the write of" in one_line(result)
+    assert one_line(result) == (  # the output named (safetensors' own error names no file)
+        f"error: the file-size limit (ulimit -f) stopped the write of {out}; "
+        "nothing half-written was kept"
+    )
     assert not out.exists() and leftovers(tmp_path) == []
 
 

@@ -258,8 +258,9 @@ def test_a_failed_hf_export_with_force_keeps_the_old_directory(
 
     monkeypatch.setattr("flax_transformer.hf.run_dir.save", full_disk)
     argv = ["export", "--workdir", str(imported), "--out", str(out), "--force"]
-    assert hf_main(argv) == 2
-    assert "No space left on device" in capsys.readouterr().err
+    assert hf_main(argv) == 1  # a failed write, not bad input
+    err = capsys.readouterr().err
+    assert err == "error: the disk is full: cannot write a file; nothing half-written was kept\n"
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_out"]
 

@@ -25,6 +25,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from flax_transformer.files.space import out_of_space_errno
+
 
 class OutputPathError(ValueError):
     """An output path that cannot be written (its directory is missing, or it is an input)."""
@@ -150,6 +152,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             with open(tmp, "rb+") as handle:  # on disk before the rename makes it visible
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except Exception as err:
+        # Out of space, from a writer that names no file (safetensors): say which output.
+        if getattr(err, "filename", None) is None and (code := out_of_space_errno(err)):
+            raise OSError(code, os.strerror(code), str(path)) from err
+        raise
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -23,7 +23,7 @@ def _chain(err: BaseException, depth: int = 4) -> Iterator[BaseException]:
         err, seen = err.__cause__ or err.__context__, seen + 1
 
 
-def _kind(err: BaseException) -> int | None:
+def out_of_space_errno(err: BaseException) -> int | None:
     """ENOSPC, EDQUOT or EFBIG for an out-of-space error anywhere in `err`'s chain, else None."""
     for link in _chain(err):
         code, text = getattr(link, "errno", None), str(link).lower()
@@ -41,14 +41,14 @@ def _kind(err: BaseException) -> int | None:
 
 def is_out_of_space(err: BaseException) -> bool:
     """A full disk / quota / file-size limit, said by `err` or an error in its chain."""
-    return _kind(err) is not None
+    return out_of_space_errno(err) is not None
 
 
 def out_of_space_message(err: BaseException, path=None) -> str:
     """One line for `err` (is_out_of_space): what ran out, and the path being written (the
     error's filename, else `path`)."""
     name = getattr(err, "filename", None) or path or "a file"
-    kind = _kind(err)
+    kind = out_of_space_errno(err)
     if kind == errno.EFBIG:
         return f"the file-size limit (ulimit -f) stopped the write of {name}"
     if kind == errno.EDQUOT:

@@ -25,6 +25,7 @@ import numpy as np
 from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.modes import give_umask_mode
+from flax_transformer.files.space import is_out_of_space
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import (
     MODEL_KINDS,
@@ -327,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             save_torch_state(args.output, flax_to_torch_state(params), config, model)
             direction = "flax -> torch"
     except (ConversionError, ValueError, OSError) as err:  # bad input: exit status 2
+        if is_out_of_space(err):
+            raise  # a failed write, not bad input: one_line_failures says it (exit 1)
         print(f"error: {err}", file=sys.stderr)
         return 2
     count = len(flatten_params(params))
