@@ -286,6 +286,26 @@ def _main(argv, hooks, started: float) -> int:
         return exit_status(err)
 
 
+def check_token_budget(options, config) -> None:
+    """--batch-tokens must hold a batch of the longest bucket (--max-len), in rows that split
+    into the micro-batches and data-parallel devices: a BatchTokensError (exit 2) before
+    anything is written."""
+    if options.batch_tokens is None:
+        return
+    from flax_transformer.training.data import bucket_boundaries
+    from flax_transformer.training.sharding import parse_mesh
+    from flax_transformer.training.token_batches import batch_shapes
+
+    data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
+    shapes = batch_shapes(
+        options.batch_tokens, bucket_boundaries(config.max_len), options.grad_accum * data
+    )
+    print(
+        f"--batch-tokens {options.batch_tokens}: {len(shapes)} batch shapes (rows x length) "
+        + ", ".join(f"{rows}x{length}" for rows, length in shapes)
+    )
+
+
 def warmup_chosen(argv, args) -> bool:
     """--warmup given on this command line (or in --run-config) of a run that starts now."""
     from flax_transformer.training.options import TrainOptions
@@ -371,6 +391,7 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
         barrier("run files written")  # the other processes use process 0's tokenizer
     tokenizer = make_tokenizer(args, data, workdir, train_pairs)
     config = make_config(args, tokenizer, workdir)
+    check_token_budget(options, config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if kind == LM:

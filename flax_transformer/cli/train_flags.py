@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(
         train,
         TrainOptions,
-        ("steps", "batch_size", "grad_accum", "lr", "warmup", "schedule", "label_smoothing")
-        + ("clip_norm", "weight_decay", "seed"),
+        ("steps", "batch_size", "batch_tokens", "grad_accum", "lr", "warmup", "schedule")
+        + ("label_smoothing", "clip_norm", "weight_decay", "seed"),
     )
 
     run = p.add_argument_group("run")
@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(
         run,
         TrainOptions,
-        ("eval_every", "save_every", "keep_checkpoints", "log_every", "bleu_tokenize")
-        + ("keep_best", "early_stop", "profile_steps", "mesh", "init_from"),
+        ("eval_every", "valid_max", "save_every", "keep_checkpoints", "log_every")
+        + ("bleu_tokenize", "keep_best", "early_stop", "profile_steps", "mesh", "init_from"),
         bleu_tokenize={
             "default": "auto",
             "choices": ("auto", *BLEU_TOKENIZERS),

@@ -26,6 +26,7 @@ COMPATIBLE = (
     "keep_checkpoints",
     "log_every",
     "bleu_tokenize",
+    "valid_max",
     "keep_best",
     "early_stop",
     "profile_steps",

@@ -19,6 +19,7 @@ import numpy as np
 
 from flax_transformer.files.text_lines import BOM, LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.training.token_batches import plan_token_batches
 
 TASKS = ("copy", "reverse", "sort")
 LONG_POLICIES = ("skip", "truncate", "error")
@@ -187,6 +188,11 @@ class Dataset:
         """The model kind these examples train: LM without sources, else seq2seq."""
         return LM if self.src is None else SEQ2SEQ
 
+    def head(self, count: int) -> Dataset:
+        """The first `count` examples (all of them when there are fewer)."""
+        src = None if self.src is None else self.src[:count]
+        return Dataset(self.tgt_in[:count], self.tgt_out[:count], src, self.pairs[:count])
+
     def lengths(self) -> np.ndarray:
         """Per example, the longest of its sequences (what its bucket must hold)."""
         tgt = np.array([len(t) for t in self.tgt_in])
@@ -322,11 +328,15 @@ class BatchLoader:
     global batches."""
 
     def __init__(
-        self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0, rows=None
-    ):
+        self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0, rows=None,
+        batch_tokens: int | None = None, multiple: int = 1,
+    ):  # fmt: skip
         self.dataset, self.batch_size, self.max_len = dataset, batch_size, max_len
         self.seed, self.pad_id = seed, pad_id
         self.rows = rows or slice(0, batch_size)
+        # --batch-tokens: batches of at most that many (padded) tokens a side, `multiple` rows
+        # at a time (training/token_batches.py); then batch_size and rows are not used.
+        self.batch_tokens, self.multiple = batch_tokens, multiple
         self.epoch, self.index = 0, 0
         self._plan_epoch, self._plan = None, []
 
@@ -341,7 +351,13 @@ class BatchLoader:
     def _epoch_plan(self):
         if self._plan_epoch != self.epoch:
             rng = np.random.default_rng([self.seed, self.epoch])
-            self._plan = plan_batches(self.dataset, self.batch_size, self.max_len, rng)
+            if self.batch_tokens is None:
+                self._plan = plan_batches(self.dataset, self.batch_size, self.max_len, rng)
+            else:
+                bounds = bucket_boundaries(self.max_len)
+                lengths = self.dataset.lengths()
+                plan = plan_token_batches(lengths, self.batch_tokens, bounds, rng, self.multiple)
+                self._plan = [(length, (rows, indices)) for length, rows, indices in plan]
             self._plan_epoch = self.epoch
         return self._plan
 
@@ -353,6 +369,9 @@ class BatchLoader:
             self.epoch, self.index = self.epoch + 1, 0
         length, indices = self._epoch_plan()[self.index]
         self.index += 1
+        if self.batch_tokens is not None:  # (rows, indices): this bucket's row count
+            rows, indices = indices
+            return make_batch(self.dataset, indices, length, rows, self.pad_id)
         rows = self.rows  # rows past the examples of a short batch are padding
         return make_batch(self.dataset, indices[rows], length, rows.stop - rows.start, self.pad_id)
 

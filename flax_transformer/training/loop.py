@@ -39,7 +39,7 @@ from flax_transformer.training.checkpoint import (
     CheckpointWriteError,
     is_disk_full,
 )
-from flax_transformer.training.data import BatchLoader, Dataset, eval_batches
+from flax_transformer.training.data import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
@@ -58,6 +58,7 @@ from flax_transformer.training.sharding import check_config_fits, make_mesh, sha
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
 from flax_transformer.training.tensorboard_log import TensorBoardLog
+from flax_transformer.training.token_batches import batch_shapes
 
 
 class TrainingError(RuntimeError):
@@ -142,6 +143,7 @@ def prune_best(best: Checkpointer | None, tracker: BestTracker) -> None:
 # ----------------------------------------------------------------------------- loop
 def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     """Trains (or resumes) `job`; `hooks` see every step and evaluation and may stop the run."""
+    job = cap_validation(job)
     opt, cfg, workdir = job.options, job.config, job.workdir
     pad = job.tokenizer.pad_id
     model = model_for(cfg, job.model_kind)
@@ -153,7 +155,9 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     mesh = make_mesh(opt.mesh) if opt.mesh else None
     multi_process, primary = jax.process_count() > 1, is_primary()
     rows = local_batch_rows(mesh, opt.batch_size) if multi_process else None
-    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows)
+    multiple = token_batch_multiple(opt, mesh, multi_process)
+    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows,
+                         batch_tokens=opt.batch_tokens, multiple=multiple)  # fmt: skip
     metrics_path = run_dir.metrics_path(workdir)
     resumed_at = 0
     if job.resume:
@@ -195,7 +199,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if opt.mesh:
         # One code path: the mesh decides how the state and the batch are laid out.
         # Each micro-batch is split over `data` (steps.split_micro_batches keeps rows in place).
-        check_config_fits(cfg, mesh, opt.batch_size // opt.grad_accum)
+        check_config_fits(cfg, mesh, smallest_batch(opt, cfg, multiple) // opt.grad_accum)
         if multi_process:  # the same host values in every process, placed on the global mesh
             state = jax.device_get(state)  # (a process cannot send its device arrays to others)
         state, train_step = shard_training(mesh, state, step_fn, model=model)
@@ -270,7 +274,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                     )
             if eval_now:
                 scores = evaluate(job, model, eval_step, on_host(state.params), valid_batches)
-                log.write({"kind": "eval", "step": done} | scores)
+                log.write({"kind": "eval", "step": done} | scores | eval_counts(job, scores))
                 match = scores.get("exact_match")
                 bar.write(  # (a plain print when the bar is off)
                     f"step {done}: valid loss {scores['valid_loss']:.4f}, token accuracy "
@@ -387,6 +391,42 @@ def write_failed(err: Exception, checkpointer, metrics_path: Path) -> TrainingEr
     return TrainingError(f"{what}; stopping. Nothing was deleted: {kept}; {metrics}.")
 
 
+def cap_validation(job: Job) -> Job:
+    """The job with its validation set cut to the first --valid-max examples (said once)."""
+    cap, total = job.options.valid_max, len(job.valid_set)
+    if total <= cap:
+        return job
+    print(f"validation: the first {cap} of {total} examples (--valid-max {cap})")
+    return dataclasses.replace(job, valid_set=job.valid_set.head(cap))
+
+
+def eval_counts(job: Job, scores) -> dict[str, int]:
+    """How many validation examples an evaluation scored and decoded (an evaluation decodes
+    only for --keep-best exact_match)."""
+    decoded = len(job.valid_set) if "exact_match" in scores else 0
+    return {"valid_examples": len(job.valid_set), "decoded_examples": decoded}
+
+
+def token_batch_multiple(opt: TrainOptions, mesh, multi_process: bool) -> int:
+    """Rows of a --batch-tokens batch come in multiples of this: the micro-batches times the
+    mesh's data-parallel devices (so that every batch splits evenly)."""
+    if opt.batch_tokens is None:
+        return 1
+    if multi_process:
+        raise ValueError("--batch-tokens with several processes is not supported yet")
+    data = dict(mesh.shape).get("data", 1) if mesh is not None else 1
+    return opt.grad_accum * data
+
+
+def smallest_batch(opt: TrainOptions, cfg: TransformerConfig, multiple: int) -> int:
+    """The fewest rows a training batch has: --batch-size, or with --batch-tokens the rows of
+    the longest bucket."""
+    if opt.batch_tokens is None:
+        return opt.batch_size
+    shapes = batch_shapes(opt.batch_tokens, bucket_boundaries(cfg.max_len), multiple)
+    return min(rows for rows, _ in shapes)
+
+
 def evaluate(job: Job, model, eval_step, params, valid_batches) -> dict[str, float]:
     """Validation loss and token accuracy; exact match too when --keep-best asks for it (it
     decodes the validation set, the final evaluation's cost at every evaluation)."""
@@ -436,6 +476,7 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         "token_accuracy": final["token_accuracy"],
         "valid_examples": len(job.valid_set),
     }
+    decoded_count = 0
     pictures = {}
     # Decoding is for results.json, which process 0 writes, and for --keep-best exact_match.
     if not is_lm(model) and (is_primary() or opt.keep_best == "exact_match"):
@@ -448,6 +489,7 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
             max_len=cfg.max_len,
             bleu_tokenize=opt.bleu_tokenize,
         )
+        decoded_count = len(decoded.hypotheses)
         results["exact_match"] = decoded.exact_match
         results["bleu"] = decoded.bleu
         results["examples"] = [
@@ -461,13 +503,15 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         nll = evaluate_loss(jax.jit(make_eval_step(model, 0.0)), params, valid_batches)["loss"]
         results["valid_nll"] = nll
         results["perplexity"] = float(math.exp(min(nll, 50.0)))
+    results["decoded_examples"] = decoded_count
     step = int(state.step)
     final_scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
     final_scores |= {"exact_match": results["exact_match"]} if "exact_match" in results else {}
     # A --resume of a finished run trained nothing: its final record is there already. (A run
     # stopped at an evaluation logs it, and then its final one, at the same step.)
+    counts = {"valid_examples": len(job.valid_set), "decoded_examples": decoded_count}
     if not (stats["steps_trained"] == 0 and log.has_eval(step)):
-        log.write({"kind": "eval", "step": step} | final_scores)
+        log.write({"kind": "eval", "step": step} | final_scores | counts)
     tracker, best_checkpointer = best
     if tracker is not None:
         if tracker.update(step, final_scores) and best_checkpointer is not None:

@@ -77,6 +77,13 @@ class TrainOptions:
         "optimizer step (same update, less memory)",
         Int(min=1),
     )
+    batch_tokens: int | None = option(
+        None,
+        "instead of --batch-size sentences: batches of at most N tokens a side (source and "
+        "target each, padding counted; the paper used about 25000), bucketed by length",
+        Int(min=1, optional=True),
+        metavar="N",
+    )
     lr: float = option(2e-3, "peak learning rate", Float(gt=0))
     warmup: int = option(150, "linear warmup steps", Int(min=1))
     schedule: str = option(
@@ -92,6 +99,13 @@ class TrainOptions:
     log_every: int = option(25, "metrics.jsonl line every N steps", Int(min=1))
     bleu_tokenize: str = option("13a", "sacrebleu tokenizer", choices=BLEU_TOKENIZERS)
     num_examples: int = option(5, "decoded validation examples printed and stored", Int(min=0))
+    valid_max: int = option(
+        1000,
+        "validation examples evaluated (loss) and decoded (BLEU, exact match) at each "
+        "evaluation: the first N of the validation set",
+        Int(min=1),
+        metavar="N",
+    )
     keep_best: str | None = option(
         None,
         "also keep the checkpoint with the best validation valid_loss or exact_match (in "
@@ -134,7 +148,7 @@ class TrainOptions:
                 raise OptionError(
                     "profile_steps", f"ends at step {last}, after the last step ({self.steps})"
                 )
-        if self.batch_size % self.grad_accum:
+        if self.batch_tokens is None and self.batch_size % self.grad_accum:
             raise OptionError(
                 "grad_accum",
                 f"({self.grad_accum}) must divide --batch-size ({self.batch_size}) into "
