@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--lm-valid", help="validation text (default: hold out some lines)")
     add_option_flags(data, DataOptions, ("tokenizer", "bpe_vocab_size", "on_long"))
 
+    from flax_transformer.training.recipes import RECIPES
+
+    p.add_argument(
+        "--recipe",
+        choices=tuple(RECIPES),
+        help="start from a named set of flag values (paper-base: the paper's base model and "
+        "training, docs/training.md); flags given here override it",
+    )
     model = p.add_argument_group("model (flags override --config)")
     model.add_argument(
         "--preset",
@@ -176,6 +184,11 @@ def parse_args(argv):
     defaults that flags given on this line override. UsageError if --resume finds no run.json."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.recipe:  # the recipe's values, under --run-config's and the command line's
+        from flax_transformer.training.recipes import RECIPES
+
+        parser.set_defaults(**RECIPES[args.recipe])
+        args = parser.parse_args(argv)
     if args.run_config:
         parser.set_defaults(**_flag_values(parser, args.run_config, "--run-config"))
         args = parser.parse_args(argv)

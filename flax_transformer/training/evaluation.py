@@ -24,7 +24,7 @@ def evaluate_loss(eval_step, params, batches) -> dict[str, float]:
 
 @dataclasses.dataclass
 class DecodeResult:
-    """Greedy decodes of the validation examples: exact-match fraction, corpus BLEU (0..100) and
+    """Decodes of the validation examples: exact-match fraction, corpus BLEU (0..100) and
     the texts behind them."""
 
     exact_match: float  # fraction of examples decoded exactly right
@@ -50,11 +50,15 @@ def evaluate_decoding(
     batch_size: int,
     max_len: int,
     bleu_tokenize: str = "13a",
+    strategy=None,
 ) -> DecodeResult:
-    """Greedy-decode every source of a seq2seq `dataset` and score it against its target."""
+    """Decode every source of a seq2seq `dataset` (greedy, or `strategy`: e.g. Beam(4, 0.6))
+    and score it against its target."""
     import sacrebleu
 
     from flax_transformer.decoding import Greedy, generate  # one compilation per bucket length
+
+    strategy = Greedy() if strategy is None else strategy
 
     variables = {"params": params}
     sources, references, hypotheses = [], [], []
@@ -65,12 +69,14 @@ def evaluate_decoding(
             model,
             variables,
             jnp.asarray(batch["src"]),
-            Greedy(),
+            strategy,
             max_new_tokens=min(length, max_len),
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
         )
-        out = np.asarray(out)
+        if isinstance(out, tuple):  # Beam(K): (tokens (B, K, len), scores (B, K)), best first
+            out = out[0][:, 0]
+        out = np.asarray(out)  # (B, len)
         for row, i in enumerate(indices):
             sources.append(tokenizer.decode(dataset.src[i]))
             references.append(tokenizer.decode(dataset.tgt_out[i]))
