@@ -323,3 +323,35 @@ def test_a_full_disk_while_writing_the_weights(tmp_path, monkeypatch, capsys):
     assert "the last good checkpoint is step 4" in line
     assert checkpoint_steps(workdir) == [4]
     assert not (workdir / run_dir.RESULTS).exists()
+
+
+# ----------------------------------------------------------------------------- before a checkpoint
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(finished, tmp_path, capsys):
+    """Found by the adversarial pass: Ctrl-C (or SIGKILL) before the first save left a run
+    directory that blocked the same command again, and --resume said to delete it by hand."""
+    workdir = tmp_path / "run"
+
+    def stop_at_step_1(info):
+        if info.event == "step" and info.step == 1:
+            raise KeyboardInterrupt
+
+    assert train.main([*SHORT, "--workdir", str(workdir)], hooks=[stop_at_step_1]) == 130
+    _, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == (
+        "interrupted at step 1: no checkpoint was saved yet; --resume starts the run over "
+        "with its settings"
+    )
+    assert checkpoint_steps(workdir) == []
+    assert train.main(["--workdir", str(workdir), "--resume"]) == 0
+    out, _ = capsys.readouterr()
+    assert "starting it over from step 0 with its settings" in out
+
+    # The same run as one never stopped (`finished`: the same flags), record for record
+    # (all but the speed).
+    def records(directory):
+        return [
+            {k: v for k, v in r.items() if k != "tokens_per_sec"}
+            for r in run_dir.read_metrics(directory)
+        ]
+
+    assert records(workdir) == records(finished)

@@ -47,9 +47,11 @@ from flax_transformer.training.interrupts import exit_status, sigterm_raises
 from flax_transformer.training.run_dir import read_run_json
 
 
-def prepare_workdir(workdir: Path, resume: bool) -> None:
+def prepare_workdir(workdir: Path, resume: bool) -> bool:
     """Writable, and never a second run on top of an existing one. Creates nothing: the
-    workdir is made once all input has been read (make_workdir)."""
+    workdir is made once all input has been read (make_workdir). True when a --resume finds
+    no checkpoint (the run stopped before its first save): it starts over from step 0 with
+    its saved settings, which is what resuming it means."""
     existing = workdir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -72,10 +74,12 @@ def prepare_workdir(workdir: Path, resume: bool) -> None:
         )
     has_checkpoint = checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
     if resume and not has_checkpoint:
-        raise UsageError(
-            f"--resume: no checkpoint in {checkpoints} (if the run stopped before its first "
-            f"save, delete {workdir} to start over)"
+        print(
+            f"--resume: no checkpoint in {checkpoints} (the run stopped before its first "
+            "save): starting it over from step 0 with its settings"
         )
+        return True
+    return False
 
 
 def has_run(workdir: Path) -> bool:
@@ -280,10 +284,22 @@ def _main(argv, hooks, started: float) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Terminated)
         # The loop's TrainingInterrupted says the step and the last checkpoint; earlier, there
         # is no training to speak of.
-        message = str(err) or "interrupted before training started"
+        message = str(err) or before_training(locals().get("args"))
         print(message, file=sys.stderr)
         distributed.exit_now(exit_status(err))
         return exit_status(err)
+
+
+def before_training(args) -> str:
+    """What Ctrl-C / SIGTERM before the first step leaves: nothing, or a run directory (its
+    files were written) that --resume starts over."""
+    workdir = default_workdir(args) if args is not None else None
+    if workdir is not None and (workdir / run_dir.RUN_JSON).exists():
+        return (
+            f"interrupted before training started; --resume --workdir {workdir} continues it "
+            "(from step 0 if it saved no checkpoint)"
+        )
+    return "interrupted before training started"
 
 
 def check_token_budget(options, config) -> None:
@@ -369,7 +385,7 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
-    prepare_workdir(workdir, args.resume)
+    restart = prepare_workdir(workdir, args.resume)
     saved = read_run_json(workdir) if args.resume else None
     # Flags that differ from the run's: refused by name, or (the compatible ones) recorded.
     changed = changed_settings(args, saved.get("args", {})) if saved else {}
@@ -455,7 +471,8 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
         f"validation examples, {tokenizer.kind} tokenizer (vocab {tokenizer.vocab_size}), "
         f"workdir {workdir}"
     )
-    job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options, args.resume)
+    job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
+              resume=args.resume and not restart, restarted=restart)  # fmt: skip
     results = run_training(job, hooks)
     if not is_primary():
         return 0  # process 0 writes the results

@@ -31,10 +31,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 def interrupted(err: KeyboardInterrupt, step: int, last_checkpoint: int | None, workdir):
     """The TrainingInterrupted for a run stopped by `err` after `step` optimizer steps."""
     if last_checkpoint is None:
-        where = (
-            f"no checkpoint was saved yet, so there is nothing to resume (delete {workdir} "
-            "to start over)"
-        )
+        where = "no checkpoint was saved yet; --resume starts the run over with its settings"
     else:
         where = f"the last checkpoint is step {last_checkpoint}; --resume continues"
     return TrainingInterrupted(f"interrupted at step {step}: {where}", exit_status(err))

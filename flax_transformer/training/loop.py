@@ -78,6 +78,7 @@ class Job:
     valid_set: Dataset
     options: TrainOptions
     resume: bool = False
+    restarted: bool = False  # a --resume of a run that saved no checkpoint: from step 0 again
 
 
 # ----------------------------------------------------------------------------- metrics file
@@ -182,7 +183,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
     tensorboard = None
     if primary:
-        purge_step = resumed_at + 1 if job.resume else None
+        # (A restarted run purges the events its first attempt logged.)
+        purge_step = resumed_at + 1 if job.resume or job.restarted else None
         tensorboard = TensorBoardLog(workdir / run_dir.TENSORBOARD, purge_step=purge_step)
     log = MetricsLog(metrics_path if primary else None, tensorboard)
     tracker, best_checkpointer = best_tracking(opt, workdir, checkpointer, resumed_at)
