@@ -501,9 +501,12 @@ def print_summary(results: dict, workdir: Path) -> None:
             f"{results['steps']}; pass a larger --steps to train on); evaluated again"
         )
     else:
+        # Speed counts the training steps only; the wall time adds reading and tokenizing
+        # the data, evaluations, checkpoints and the final decode.
         print(
-            f"\ntrained {results['steps']} steps{early} in {results['wall_time_s']:.0f} s "
-            f"({results['tokens_per_sec']:.0f} target tokens/s)"
+            f"\ntrained {results['steps']} steps{early} in {results['train_time_s']:.0f} s of "
+            f"training ({results['tokens_per_sec']:.0f} target tokens/s; "
+            f"{results['wall_time_s']:.0f} s in all)"
         )
     line = f"valid loss {results['valid_loss']:.4f}, token accuracy {results['token_accuracy']:.4f}"
     if "exact_match" in results:
