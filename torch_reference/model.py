@@ -36,6 +36,14 @@ def make_causal_mask(length: int, device=None) -> torch.Tensor:
     return torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))[None, None]
 
 
+def make_segment_mask(q_segments: torch.Tensor, k_segments: torch.Tensor) -> torch.Tensor:
+    """Packed rows: (batch, q_len), (batch, k_len) segment ids (0 = padding) -> (batch, 1,
+    q_len, k_len), True where query and key belong to the same example (never padding)."""
+    same = q_segments[:, :, None] == k_segments[:, None, :]
+    real = (q_segments != 0)[:, :, None] & (k_segments != 0)[:, None, :]
+    return (same & real)[:, None]
+
+
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_p: float = 0.0):
     """query (batch, heads, q_len, head_dim), key/value (batch, heads, k_len, head_dim).
 
@@ -335,29 +343,34 @@ class Transformer(_EmbeddingsMixin):
         self.decoder = Decoder(config)
         self.to(TORCH_DTYPES[config.param_dtype])
 
-    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+    def forward(
+        self, src, tgt, src_mask=None, tgt_mask=None, cross_mask=None,
+        src_positions=None, tgt_positions=None,
+    ):  # fmt: skip
         """src (batch, src_len), tgt (batch, tgt_len) token ids -> logits (batch, tgt_len,
         tgt_vocab); masks default to source padding and causal (+ target padding when
-        config.mask_target_padding)."""
+        config.mask_target_padding), cross_mask to src_mask; positions (batch, len) per token
+        (packed rows: training/packing.py)."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
-        encoded = self.encode(src, src_mask)
-        return self.decode(encoded, tgt, src_mask, tgt_mask)
+        encoded = self.encode(src, src_mask, src_positions)
+        cross = src_mask if cross_mask is None else cross_mask
+        return self.decode(encoded, tgt, cross, tgt_mask, tgt_positions)
 
-    def encode(self, src, src_mask=None):
+    def encode(self, src, src_mask=None, positions=None):
         """src (batch, src_len) token ids -> encoded (batch, src_len, d_model); src_mask defaults
         to the source padding mask."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
-        return self.encoder(self._embed("src", src), src_mask)
+        return self.encoder(self._embed("src", src, positions=positions), src_mask)
 
-    def decode(self, encoded, tgt, src_mask=None, tgt_mask=None):
+    def decode(self, encoded, tgt, src_mask=None, tgt_mask=None, positions=None):
         """encoded (batch, src_len, d_model), tgt (batch, tgt_len) token ids -> logits (batch,
-        tgt_len, tgt_vocab); tgt_mask defaults to causal (+ target padding when
-        config.mask_target_padding)."""
+        tgt_len, tgt_vocab); src_mask is the cross-attention mask; tgt_mask defaults to causal
+        (+ target padding when config.mask_target_padding)."""
         if tgt_mask is None:
             tgt_mask = self._default_target_mask(tgt)
-        x = self.decoder(self._embed("tgt", tgt), encoded, tgt_mask, src_mask)
+        x = self.decoder(self._embed("tgt", tgt, positions=positions), encoded, tgt_mask, src_mask)
         return self._output_logits(x)
 
 

@@ -28,6 +28,15 @@ def make_causal_mask(length: int) -> jax.Array:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def make_segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """Packed rows: (batch, q_len) and (batch, k_len) segment ids (0 = padding) -> (batch, 1,
+    q_len, k_len) mask, True where query and key belong to the same example. Padding attends
+    to nothing and is attended by nothing (its rows give zeros)."""
+    same = q_segments[:, :, None] == k_segments[:, None, :]
+    real = (q_segments != 0)[:, :, None] & (k_segments != 0)[:, None, :]
+    return (same & real)[:, None]
+
+
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     """Logical AND of the given masks (None entries are skipped); None if none given."""
     present = [m for m in masks if m is not None]

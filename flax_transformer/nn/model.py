@@ -64,6 +64,14 @@ def check_mask(name: str, mask: jax.Array | None, target: tuple[int, ...]) -> No
         ) from None
 
 
+def check_positions(name: str, positions, shape: tuple[int, ...]) -> None:
+    """Per-token positions, when given, are (batch, len) like the tokens they place."""
+    if positions is not None and tuple(np.shape(positions)) != tuple(shape):
+        raise ValueError(
+            f"{name} must be (batch, len) = {tuple(shape)}, got {tuple(np.shape(positions))}"
+        )
+
+
 class Encoder(nn.Module):
     """A stack of EncoderBlocks named layers_{i}, then `norm` when config.final_norm."""
 
@@ -249,26 +257,46 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         if not cfg.tie_output:
             self.lm_head = _lm_head(cfg)
 
-    def __call__(self, src, tgt, *, src_mask=None, tgt_mask=None, deterministic: bool = True):
+    def __call__(
+        self,
+        src,
+        tgt,
+        *,
+        src_mask=None,
+        tgt_mask=None,
+        cross_mask=None,
+        src_positions=None,
+        tgt_positions=None,
+        deterministic: bool = True,
+    ):
+        """Logits (batch, tgt_len, tgt_vocab). Masks default to source padding and causal target;
+        cross_mask (the decoder's view of the source) defaults to src_mask. Packed rows
+        (training/packing.py) give all three from segment ids, and src_positions /
+        tgt_positions (batch, len) restart at 0 for each example."""
         if np.ndim(src) == 2 and np.ndim(tgt) == 2:  # other ranks: check_tokens names them
             check_same_batch(src=src, tgt=tgt)
             check_tokens("tgt", tgt, self.config.max_len, self.config.tgt_vocab_size)  # before work
         if src_mask is None:
             check_tokens("src", src, self.config.max_len, self.config.src_vocab_size)
             src_mask = make_padding_mask(src, self.config.pad_id)
-        encoded = self.encode(src, src_mask=src_mask, deterministic=deterministic)
-        return self.decode(
-            encoded, tgt, src_mask=src_mask, tgt_mask=tgt_mask, deterministic=deterministic
+        encoded = self.encode(
+            src, src_mask=src_mask, positions=src_positions, deterministic=deterministic
         )
+        return self.decode(
+            encoded, tgt, src_mask=src_mask if cross_mask is None else cross_mask,
+            tgt_mask=tgt_mask, positions=tgt_positions, deterministic=deterministic,
+        )  # fmt: skip
 
-    def encode(self, src, *, src_mask=None, deterministic: bool = True):
-        """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real."""
+    def encode(self, src, *, src_mask=None, positions=None, deterministic: bool = True):
+        """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real;
+        positions (batch, src_len): each token's position (default 0, 1, ...)."""
         cfg = self.config
         check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
         if src_mask is None:
             src_mask = make_padding_mask(src, cfg.pad_id)
         check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
-        x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded")
+        check_positions("positions", positions, src.shape)
+        x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
         return self.encoder(x, src_mask, deterministic=deterministic)
 
     def decode(
@@ -278,6 +306,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         *,
         src_mask=None,
         tgt_mask=None,
+        positions=None,
         deterministic: bool = True,
         decode: bool = False,
     ):
@@ -308,8 +337,9 @@ class Transformer(_EmbeddingsMixin, nn.Module):
                     f"src_mask of shape {src_mask.shape} cannot serve as the cross-attention "
                     f"mask: its query axis must be 1 or tgt_len ({tgt_len})"
                 )
+        check_positions("positions", positions, tgt.shape)
         offset = self.decode_position(tgt_len, decode)
-        x = self._embed(self.tgt_embed_table, tgt, offset, deterministic, "tgt_embedded")
+        x = self._embed(self.tgt_embed_table, tgt, offset, deterministic, "tgt_embedded", positions)
         x = self.decoder(x, encoded, tgt_mask, src_mask, deterministic=deterministic, decode=decode)
         return self._output_logits(self.tgt_embed_table, x, decode)
 
@@ -354,10 +384,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
             mask = default_target_mask(tokens, cfg)
         if not decode:
             check_mask("mask", mask, (batch, cfg.num_heads, length, length))
-        if positions is not None and np.shape(positions) != (batch, length):
-            raise ValueError(
-                f"positions must be (batch, len) = {(batch, length)}, got {np.shape(positions)}"
-            )
+        check_positions("positions", positions, tokens.shape)
         offset = self.decode_position(length, decode)
         x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded", positions)
         x = self.decoder(x, mask, deterministic=deterministic, decode=decode)

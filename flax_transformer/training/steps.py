@@ -26,6 +26,7 @@ import optax
 
 from flax_transformer.nn.kinds import kind_of
 from flax_transformer.spec.kinds import model_inputs
+from flax_transformer.training.packing import is_packed, packed_model_kwargs
 from flax_transformer.training.state import TrainState
 
 
@@ -54,9 +55,14 @@ def smoothed_cross_entropy(logits, targets, weights, label_smoothing: float = 0.
 
 
 def compute_logits(model, params, batch, *, deterministic: bool = True, rngs=None):
-    """Teacher-forced logits (batch, tgt_len, vocab): the model takes its kind's batch arrays."""
-    inputs = model_inputs(batch, kind_of(model))
-    return model.apply({"params": params}, *inputs, deterministic=deterministic, rngs=rngs)
+    """Teacher-forced logits (batch, tgt_len, vocab): the model takes its kind's batch arrays
+    (and, for a packed batch, the masks and positions that keep its examples apart)."""
+    kind = kind_of(model)
+    inputs = model_inputs(batch, kind)
+    packed = packed_model_kwargs(batch, kind) if is_packed(batch) else {}
+    return model.apply(
+        {"params": params}, *inputs, deterministic=deterministic, rngs=rngs, **packed
+    )
 
 
 def loss_fn(
