@@ -312,11 +312,12 @@ def check_model_flags(args) -> None:
         values = model_values(args)
     except ValueError as err:
         raise UsageError(f"--config: {err}") from None
+    kind = corpus_kind(args)  # (a bad first line of a --train-jsonl is named as it is)
     try:
         config = TransformerConfig.from_dict(
             values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
         )
-        check_config_for_kind(config, corpus_kind(args))
+        check_config_for_kind(config, kind)
     except ValueError as err:
         given = [
             "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None
