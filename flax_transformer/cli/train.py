@@ -175,9 +175,9 @@ def split_off_validation(pairs, seed, fraction=0.05):
     return train, valid
 
 
-def make_tokenizer(args, data, workdir: Path, train_pairs):
+def make_tokenizer(args, data, workdir: Path, texts):
     """The run's tokenizer: the workdir's on --resume (and on processes other than 0), the
-    --init-from run's, a BPE trained on the training pairs, or bytes."""
+    --init-from run's, a BPE trained on `texts()` (a bounded sample of the corpus), or bytes."""
     from flax_transformer.training.distributed import is_primary
     from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -186,8 +186,7 @@ def make_tokenizer(args, data, workdir: Path, train_pairs):
     if args.init_from:  # the init run's tokenizer, whatever its kind
         return run_dir.read_tokenizer(Path(args.init_from))
     if data.tokenizer == "bpe":
-        texts = (t for p in train_pairs for t in (p.source, p.target) if t)
-        return BPETokenizer.train(texts, vocab_size=data.bpe_vocab_size)
+        return BPETokenizer.train(texts(), vocab_size=data.bpe_vocab_size)
     return ByteTokenizer()
 
 
@@ -380,6 +379,23 @@ def run(args, data, options, hooks, started: float) -> int:
 
 
 def _train(args, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock) -> int:
+    from flax_transformer.cli.train_data import corpus_source
+
+    source = corpus_source(args)
+    corpus = None
+    if source is not None:
+        from flax_transformer.cli.train_data import CorpusInput, kind_of
+
+        corpus = CorpusInput(args, source, kind_of(args, source[0]))
+    try:
+        return _train_on(args, data, options, hooks, started, workdir, lock, corpus)
+    finally:
+        if corpus is not None:
+            corpus.discard()  # a cache built but never installed (the run stopped before)
+
+
+def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int:
+    """_train with the corpus input (None: a built-in task, in memory)."""
     from flax_transformer.spec.kinds import LM, OLD_NAMES
     from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.distributed import barrier, is_primary
@@ -391,8 +407,12 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
     changed = changed_settings(args, saved.get("args", {})) if saved else {}
     barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
-    kind, train_pairs, valid_pairs = load_pairs(args, data)
-    data_checks.warn_if_validation_is_training(train_pairs, valid_pairs)
+    if corpus is None:
+        kind, train_pairs, valid_pairs = load_pairs(args, data)
+        data_checks.warn_if_validation_is_training(train_pairs, valid_pairs)
+    else:  # a corpus file: a streaming pass (none on --resume or on processes other than 0)
+        kind = corpus.kind
+        corpus.read(scan=not args.resume and is_primary())
     # The init run's run.json, read once: its model kind and the files it carries.
     init_run = (read_run_json(Path(args.init_from)) or {}) if args.init_from else {}
     if args.init_from and not args.resume:
@@ -405,12 +425,16 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
             )
     if not (args.resume or is_primary()):
         barrier("run files written")  # the other processes use process 0's tokenizer
-    tokenizer = make_tokenizer(args, data, workdir, train_pairs)
+    tokenizer = make_tokenizer(args, data, workdir, corpus.bpe_texts if corpus else None)
     config = make_config(args, tokenizer, workdir)
     check_token_budget(options, config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if kind == LM:
+        if corpus is not None:
+            train_set, valid_set = corpus.datasets(
+                tokenizer, config.max_len, data.on_long, workdir, is_primary()
+            )
+        elif kind == LM:
             train_set = encode_documents(train_pairs, tokenizer, config.max_len)
             valid_set = encode_documents(valid_pairs, tokenizer, config.max_len)
         else:
@@ -419,7 +443,11 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     for dataset in (train_set, valid_set):
-        check_dataset_ids(dataset, min(config.src_vocab_size, config.tgt_vocab_size))
+        vocab = min(config.src_vocab_size, config.tgt_vocab_size)
+        if hasattr(dataset, "check_ids"):  # a token cache
+            dataset.check_ids(vocab)
+        else:
+            check_dataset_ids(dataset, vocab)
     # The first write: every input has been read and checked. The lock is taken here (a second
     # run on the workdir stops here, having written nothing; a refused command never touches
     # it), and a new run checks again that no run finished in the workdir meanwhile.
@@ -430,6 +458,8 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
             f"--workdir {workdir} already holds a run (written while this command read its "
             "input); pass --resume to continue it, or choose another --workdir"
         )
+    if corpus is not None and is_primary():
+        corpus.install(workdir, train_set)
     carried = list(saved.get("carry", [])) if saved else []
     resumed = list(saved.get("resumed", [])) if saved else []
     if changed:

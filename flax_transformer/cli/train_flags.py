@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.spec.presets import PRESETS
 from flax_transformer.spec.validate import Int
 from flax_transformer.training.run_dir import (
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--lm-text", help="text file for a decoder-only LM, one document a line")
     data.add_argument("--lm-valid", help="validation text (default: hold out some lines)")
+    data.add_argument(
+        "--train-jsonl",
+        help='training corpus, one JSON object a line: {"source": ..., "target": ...} '
+        '(seq2seq) or {"text": ...} (LM)',
+    )
+    data.add_argument("--valid-jsonl", help="validation JSONL (default: hold out some lines)")
     add_option_flags(data, DataOptions, ("tokenizer", "bpe_vocab_size", "on_long"))
 
     from flax_transformer.training.recipes import RECIPES
@@ -238,7 +245,7 @@ def check_args(args) -> None:
     from flax_transformer.training.options import DataOptions
 
     check_workdir_not_input(args)  # first: a run that would write over its input is the worst
-    sources = [s for s in ("task", "train_tsv", "lm_text") if getattr(args, s)]
+    sources = [s for s in ("task", "train_tsv", "lm_text", "train_jsonl") if getattr(args, s)]
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
@@ -246,9 +253,11 @@ def check_args(args) -> None:
         raise UsageError("--valid-tsv needs --train-tsv")
     if args.lm_valid and not args.lm_text:
         raise UsageError("--lm-valid needs --lm-text")
-    if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text):
-        raise UsageError("--tokenizer bpe needs a corpus (--train-tsv or --lm-text)")
-    if args.keep_best == "exact_match" and args.lm_text:
+    if args.valid_jsonl and not args.train_jsonl:
+        raise UsageError("--valid-jsonl needs --train-jsonl")
+    if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text or args.train_jsonl):
+        raise UsageError("--tokenizer bpe needs a corpus (--train-tsv, --train-jsonl or --lm-text)")
+    if args.keep_best == "exact_match" and corpus_kind(args) == LM:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if args.init_from:
         model_flags = [f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(args, d)]
@@ -279,7 +288,8 @@ def check_args(args) -> None:
 
 
 # The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.
-INPUT_FLAGS = ("train_tsv", "valid_tsv", "lm_text", "lm_valid", "init_from")
+INPUT_FLAGS = ("train_tsv", "valid_tsv", "lm_text", "lm_valid", "train_jsonl", "valid_jsonl")
+INPUT_FLAGS += ("init_from",)
 
 
 def check_workdir_not_input(args) -> None:
@@ -309,18 +319,18 @@ def check_model_flags(args) -> None:
     """The model --config and flags give a valid TransformerConfig (checked before any data is
     read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
     from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
-    from flax_transformer.spec.kinds import LM, SEQ2SEQ
     from flax_transformer.training.tokenizer import ByteTokenizer
 
     try:
         values = model_values(args)
     except ValueError as err:
         raise UsageError(f"--config: {err}") from None
+    kind = corpus_kind(args)  # (a bad first line of a --train-jsonl is named as it is)
     try:
         config = TransformerConfig.from_dict(
             values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
         )
-        check_config_for_kind(config, LM if args.lm_text else SEQ2SEQ)
+        check_config_for_kind(config, kind)
     except ValueError as err:
         given = [
             "--" + dest.replace("_", "-") for dest in MODEL_FLAGS if getattr(args, dest) is not None
@@ -348,7 +358,7 @@ def bleu_tokenizer(args) -> str:
 
     if args.bleu_tokenize != "auto":
         return args.bleu_tokenize
-    return TrainOptions.bleu_tokenize if args.train_tsv else "char"
+    return TrainOptions.bleu_tokenize if args.train_tsv or args.train_jsonl else "char"
 
 
 def default_workdir(args) -> Path:
@@ -358,11 +368,23 @@ def default_workdir(args) -> Path:
 
     if args.workdir:
         return Path(args.workdir)
-    if args.train_tsv:
-        return Path("runs") / Path(args.train_tsv).stem
+    if args.train_tsv or args.train_jsonl:
+        return Path("runs") / Path(args.train_tsv or args.train_jsonl).stem
     if args.lm_text:
         return Path("runs") / Path(args.lm_text).stem
     return Path("runs") / (args.task or DataOptions.task)
+
+
+def corpus_kind(args) -> str:
+    """The model kind the data trains: LM for --lm-text or a --train-jsonl of {"text"}
+    records (its first line decides; a DataError when it cannot be read), else seq2seq."""
+    if args.lm_text:
+        return LM
+    if getattr(args, "train_jsonl", None):
+        from flax_transformer.training.corpus import jsonl_kind
+
+        return jsonl_kind(args.train_jsonl)
+    return SEQ2SEQ
 
 
 def preset_name(args) -> str:

@@ -114,15 +114,22 @@ def overlap_warning(train: list[Pair], valid: list[Pair]) -> str | None:
     measure memorisation, not generalisation. None when most validation pairs are new."""
     seen = {(p.source, p.target) for p in train}
     shared = sum((p.source, p.target) in seen for p in valid)
-    if not valid or shared * 2 <= len(valid):
+    identical = {(p.source, p.target) for p in valid} == seen
+    return overlap_text(shared, len(valid), identical)
+
+
+def overlap_text(shared: int, total: int, identical: bool) -> str | None:
+    """overlap_warning's message from counts: `shared` of `total` validation pairs occur in
+    training; `identical`: both sets hold the same pairs. None when most are new."""
+    if not total or shared * 2 <= total:
         return None
-    if shared == len(valid) and {(p.source, p.target) for p in valid} == seen:
+    if shared == total and identical:
         return (
             f"the validation set is the training set ({shared} identical pairs): scores will "
             "not measure generalisation"
         )
     return (
-        f"{shared} of {len(valid)} validation pairs also occur in the training set: scores "
+        f"{shared} of {total} validation pairs also occur in the training set: scores "
         "will overstate generalisation"
     )
 
@@ -136,23 +143,31 @@ def warn_if_validation_is_training(train: list[Pair], valid: list[Pair]) -> None
         print(f"warning: {message}", file=sys.stderr)
 
 
+def tsv_pair(path, number: int, line: str) -> Pair | None:
+    """One line of a TSV corpus as a Pair (None for a blank line); DataError naming the file
+    and line when it is not exactly one non-empty `source<TAB>target`."""
+    if not line.strip():
+        return None
+    if line.count("\t") != 1:
+        problem = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
+        raise DataError(
+            f"TSV file {path} line {number}: {problem}; expected exactly one "
+            f"'source<TAB>target' pair per line, got {line[:60]!r}"
+        )
+    source, target = line.split("\t")
+    if not source.strip() or not target.strip():
+        side = "source" if not source.strip() else "target"
+        raise DataError(f"TSV file {path} line {number}: empty {side}")
+    return Pair(source, target, f"{path}:{number}")
+
+
 def read_tsv(path: str | Path) -> list[Pair]:
     """One `source<TAB>target` pair per line; blank lines are skipped."""
     pairs = []
     for number, line in enumerate(_read_lines(path, "TSV file"), start=1):
-        if not line.strip():
-            continue
-        if line.count("\t") != 1:
-            problem = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
-            raise DataError(
-                f"TSV file {path} line {number}: {problem}; expected exactly one "
-                f"'source<TAB>target' pair per line, got {line[:60]!r}"
-            )
-        source, target = line.split("\t")
-        if not source.strip() or not target.strip():
-            side = "source" if not source.strip() else "target"
-            raise DataError(f"TSV file {path} line {number}: empty {side}")
-        pairs.append(Pair(source, target, f"{path}:{number}"))
+        pair = tsv_pair(path, number, line)
+        if pair is not None:
+            pairs.append(pair)
     if not pairs:
         raise DataError(f"TSV file {path}: no pairs found")
     return pairs

@@ -27,6 +27,9 @@ curves.png, attention.png       the loop (plots) -> people; PNG
 flax_params.safetensors,        write_weights (loop; with --keep-best also best_*) -> parity,
 torch_model.safetensors         torch_reference, people; safetensors
 results.json (RESULTS)          write_results (train) -> read_results, people; JSON
+token_cache/ (TOKEN_CACHE)      token_cache.build_cache, install_cache (train on a corpus
+                                file) -> the training set of the run and of --resume;
+                                int32/int64 numpy files read with np.memmap, meta.json
 .lock (LOCK)                    lock_run_dir (train, for the whole run) -> a second train on
                                 the same workdir (refused); empty but for the holder's pid
 
@@ -66,6 +69,7 @@ TORCH_WEIGHTS = "torch_model.safetensors"
 BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
 RESULTS = "results.json"
 LOCK = ".lock"
+TOKEN_CACHE = "token_cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +118,8 @@ LAYOUT = (
           "--keep-best"),
     Entry(RESULTS, "write_results (train)", "read_results, people",
           "JSON: scores, examples, paths"),
+    Entry(TOKEN_CACHE + "/", "token_cache.build_cache (train)", "the run, --resume",
+          "numpy token files read with np.memmap, meta.json", "--train-tsv"),
     Entry(LOCK, "lock_run_dir (train)", "lock_run_dir: a second run on the workdir",
           "flock for the whole run; the holder's pid"),
 )  # fmt: skip

@@ -33,6 +33,10 @@ class ByteTokenizer:
         """Text -> its UTF-8 bytes shifted past the specials (byte b -> id b + 3); no BOS / EOS."""
         return [b + self.offset for b in text.encode("utf-8")]
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text."""
+        return [[b + self.offset for b in text.encode("utf-8")] for text in texts]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Specials dropped; a byte sequence cut inside a character decodes to U+FFFD."""
         data = bytes(int(i) - self.offset for i in ids if self.offset <= int(i) < self.vocab_size)
@@ -103,6 +107,10 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> token ids, without special tokens."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text, by the library's multi-threaded batch encoding."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text, special tokens skipped."""
