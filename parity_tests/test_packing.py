@@ -232,6 +232,24 @@ def test_the_kwargs_keep_examples_apart():
     np.testing.assert_array_equal(after[0][others], before[0][others])
     np.testing.assert_array_equal(after[1], before[1])
     assert not np.array_equal(after[0][~others], before[0][~others]), first
-    assert set(packed_model_kwargs(packed, SEQ2SEQ)) == {
+    assert set(packed_model_kwargs(packed, SEQ2SEQ, config)) == {
         "src_mask", "tgt_mask", "cross_mask", "src_positions", "tgt_positions"
     }  # fmt: skip
+
+
+def test_a_real_token_equal_to_pad_id_is_hidden_as_in_an_unpacked_row():
+    """Unpacked, a source key holding pad_id is masked even inside the text (and a target one
+    with mask_target_padding); packed rows must do the same or the examples would differ."""
+    config = small_config(mask_target_padding=True)
+    model = model_for(config, SEQ2SEQ)
+    dataset = examples(SEQ2SEQ, config)
+    dataset.src[1][2] = config.pad_id
+    dataset.tgt_in[3][2] = config.pad_id  # (tgt_out keeps real targets: the loss is the same)
+    packed, rows, plain = batches(dataset)
+    params = model.init(jax.random.key(1), jnp.asarray(plain["src"]), jnp.asarray(plain["tgt_in"]))
+    logits_packed = compute_logits(model, params["params"], packed)
+    logits_plain = compute_logits(model, params["params"], plain)
+    a = example_losses(per_token_losses(logits_packed, packed["tgt_out"]), rows, dataset, True)
+    b = example_losses(per_token_losses(logits_plain, plain["tgt_out"]), rows, dataset, False)
+    for index in range(len(dataset)):
+        assert abs(a[index] - b[index]) <= 1e-12 * abs(b[index]), index

@@ -24,7 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_segment_mask
+from flax_transformer.nn.attention import (
+    combine_masks,
+    make_causal_mask,
+    make_padding_mask,
+    make_segment_mask,
+)
 from flax_transformer.spec.kinds import LM
 
 PACKED_KEYS = ("tgt_segments", "tgt_positions", "src_segments", "src_positions")
@@ -98,19 +103,24 @@ def pack_examples(dataset, row_indices: list[list[int]], rows: int, length: int,
     return batch
 
 
-def packed_model_kwargs(batch, kind: str) -> dict:
+def packed_model_kwargs(batch, kind: str, config) -> dict:
     """The keyword arguments that make the model see each packed example alone: masks from the
-    segment ids, per-example positions."""
+    segment ids, per-example positions. Keys holding pad_id are hidden as the unpacked
+    defaults hide them (the source always, the target with config.mask_target_padding), so a
+    real token equal to pad_id (e.g. Marian's decoder start) is treated the same way."""
     tgt = batch["tgt_segments"]
     causal = make_causal_mask(tgt.shape[1])
-    self_mask = combine_masks(make_segment_mask(tgt, tgt), causal)  # (rows, 1, len, len)
+    tgt_pad = make_padding_mask(batch["tgt_in"], config.pad_id)
+    tgt_keys = tgt_pad if config.mask_target_padding else None
+    self_mask = combine_masks(make_segment_mask(tgt, tgt), causal, tgt_keys)  # (rows, 1, T, T)
     if kind == LM:
         return {"mask": self_mask, "positions": batch["tgt_positions"]}
     src = batch["src_segments"]
+    src_keys = make_padding_mask(batch["src"], config.pad_id)  # (rows, 1, 1, S)
     return {
-        "src_mask": make_segment_mask(src, src),
+        "src_mask": combine_masks(make_segment_mask(src, src), src_keys),
         "tgt_mask": self_mask,
-        "cross_mask": make_segment_mask(tgt, src),  # (rows, 1, tgt_len, src_len)
+        "cross_mask": combine_masks(make_segment_mask(tgt, src), src_keys),  # (rows, 1, T, S)
         "src_positions": batch["src_positions"],
         "tgt_positions": batch["tgt_positions"],
     }

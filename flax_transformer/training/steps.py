@@ -59,7 +59,7 @@ def compute_logits(model, params, batch, *, deterministic: bool = True, rngs=Non
     (and, for a packed batch, the masks and positions that keep its examples apart)."""
     kind = kind_of(model)
     inputs = model_inputs(batch, kind)
-    packed = packed_model_kwargs(batch, kind) if is_packed(batch) else {}
+    packed = packed_model_kwargs(batch, kind, model.config) if is_packed(batch) else {}
     return model.apply(
         {"params": params}, *inputs, deterministic=deterministic, rngs=rngs, **packed
     )
