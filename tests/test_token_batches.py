@@ -111,3 +111,38 @@ def test_a_batch_token_budget_too_small_is_refused_before_anything_is_written(tm
     err = capsys.readouterr().err
     assert "--batch-tokens 12 cannot hold 1 row(s) of 16 tokens" in err
     assert not workdir.exists()
+
+
+# ----------------------------------------------------------------------------- --pack
+def test_packed_loader_gives_one_shape_and_every_example_once_an_epoch():
+    dataset = ragged_dataset(300, longest=20)
+    loader = BatchLoader(dataset, 4, 64, seed=2, pack=True)
+    plan = loader._epoch_plan()
+    placed = sorted(i for batch in plan for row in batch for i in row)
+    assert placed == list(range(len(dataset)))
+    real = 0
+    for _ in range(len(plan)):
+        batch = next(loader)
+        assert {array.shape for array in batch.values()} == {(4, 64)}  # one compiled shape
+        assert set(batch) >= {"src_segments", "tgt_segments", "src_positions", "tgt_positions"}
+        real += int((batch["tgt_segments"] > 0).sum())
+    assert real == sum(len(t) for t in dataset.tgt_in)  # every target token, once
+    # Packing fills rows: far fewer batches than one example per row would need (300 / 4).
+    assert len(plan) < 300 / 4 / 2
+
+
+@pytest.mark.slow  # a training run (about 12 s)
+def test_training_with_pack(tmp_path, capsys):
+    workdir = tmp_path / "run"
+    assert train.main([*TINY, "--pack", "--batch-size", "4", "--workdir", str(workdir)]) == 0
+    run = json.loads((workdir / "run.json").read_text())
+    assert run["args"]["pack"] is True
+    results = json.loads((workdir / "results.json").read_text())
+    assert np.isfinite(results["valid_loss"])
+
+
+def test_pack_with_batch_tokens_is_refused(tmp_path, capsys):
+    workdir = tmp_path / "run"
+    assert train.main([*TINY, "--pack", "--batch-tokens", "64", "--workdir", str(workdir)]) == 2
+    assert "--pack and --batch-tokens both size the batches" in capsys.readouterr().err
+    assert not workdir.exists()

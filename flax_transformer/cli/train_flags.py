@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option_flags(
         train,
         TrainOptions,
-        ("steps", "batch_size", "batch_tokens", "grad_accum", "lr", "warmup", "schedule")
+        ("steps", "batch_size", "batch_tokens", "pack", "grad_accum", "lr", "warmup")
+        + ("schedule",)
         + ("label_smoothing", "clip_norm", "weight_decay", "seed"),
     )
 

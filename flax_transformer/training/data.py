@@ -19,6 +19,7 @@ import numpy as np
 
 from flax_transformer.files.text_lines import BOM, LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.training.packing import pack_examples, plan_packed_batches
 from flax_transformer.training.token_batches import plan_token_batches
 
 TASKS = ("copy", "reverse", "sort")
@@ -344,7 +345,7 @@ class BatchLoader:
 
     def __init__(
         self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0, rows=None,
-        batch_tokens: int | None = None, multiple: int = 1,
+        batch_tokens: int | None = None, multiple: int = 1, pack: bool = False,
     ):  # fmt: skip
         self.dataset, self.batch_size, self.max_len = dataset, batch_size, max_len
         self.seed, self.pad_id = seed, pad_id
@@ -352,6 +353,9 @@ class BatchLoader:
         # --batch-tokens: batches of at most that many (padded) tokens a side, `multiple` rows
         # at a time (training/token_batches.py); then batch_size and rows are not used.
         self.batch_tokens, self.multiple = batch_tokens, multiple
+        # --pack: each batch is batch_size rows of max_len tokens, several examples a row
+        # (training/packing.py); the plan holds each row's example indices.
+        self.pack = pack
         self.epoch, self.index = 0, 0
         self._plan_epoch, self._plan = None, []
 
@@ -366,7 +370,10 @@ class BatchLoader:
     def _epoch_plan(self):
         if self._plan_epoch != self.epoch:
             rng = np.random.default_rng([self.seed, self.epoch])
-            if self.batch_tokens is None:
+            if self.pack:
+                order = rng.permutation(len(self.dataset))
+                self._plan = plan_packed_batches(self.dataset, self.batch_size, self.max_len, order)
+            elif self.batch_tokens is None:
                 self._plan = plan_batches(self.dataset, self.batch_size, self.max_len, rng)
             else:
                 bounds = bucket_boundaries(self.max_len)
@@ -382,6 +389,13 @@ class BatchLoader:
     def __next__(self) -> dict[str, np.ndarray]:
         if self.index >= len(self._epoch_plan()):
             self.epoch, self.index = self.epoch + 1, 0
+        if self.pack:
+            row_indices = self._epoch_plan()[self.index]
+            self.index += 1
+            batch = pack_examples(
+                self.dataset, row_indices, self.batch_size, self.max_len, self.pad_id
+            )
+            return {name: array[self.rows] for name, array in batch.items()}
         length, indices = self._epoch_plan()[self.index]
         self.index += 1
         if self.batch_tokens is not None:  # (rows, indices): this bucket's row count

@@ -158,7 +158,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     rows = local_batch_rows(mesh, opt.batch_size) if multi_process else None
     multiple = token_batch_multiple(opt, mesh, multi_process)
     loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows,
-                         batch_tokens=opt.batch_tokens, multiple=multiple)  # fmt: skip
+                         batch_tokens=opt.batch_tokens, multiple=multiple,
+                         pack=opt.pack)  # fmt: skip
     metrics_path = run_dir.metrics_path(workdir)
     resumed_at = 0
     if job.resume:

@@ -14,7 +14,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from flax_transformer.spec.validate import SEED, Choice, Float, Int, Rule, Text
+from flax_transformer.spec.validate import SEED, Bool, Choice, Float, Int, Rule, Text
 from flax_transformer.training.best import METRICS
 from flax_transformer.training.data import LONG_POLICIES, TASKS
 from flax_transformer.training.optim import SCHEDULES
@@ -84,6 +84,13 @@ class TrainOptions:
         Int(min=1, optional=True),
         metavar="N",
     )
+    pack: bool = option(
+        False,
+        "pack several examples into each row of --max-len tokens (segment ids keep them "
+        "apart: attention and loss never cross examples); batches are --batch-size rows",
+        Bool(),
+        action="store_true",
+    )
     lr: float = option(2e-3, "peak learning rate", Float(gt=0))
     warmup: int = option(150, "linear warmup steps", Int(min=1))
     schedule: str = option(
@@ -148,6 +155,12 @@ class TrainOptions:
                 raise OptionError(
                     "profile_steps", f"ends at step {last}, after the last step ({self.steps})"
                 )
+        if self.pack and self.batch_tokens is not None:
+            raise OptionError(
+                "pack",
+                "and --batch-tokens both size the batches; --pack fills --batch-size rows of "
+                "--max-len tokens",
+            )
         if self.batch_tokens is None and self.batch_size % self.grad_accum:
             raise OptionError(
                 "grad_accum",

@@ -49,15 +49,24 @@ def _sides(dataset) -> list:
     return [dataset.tgt_in] if dataset.src is None else [dataset.src, dataset.tgt_in]
 
 
+def _lengths(sequences) -> np.ndarray:
+    """(examples,) lengths: from the offsets of an on-disk cache (RaggedTokens.lengths), or
+    counted for in-memory lists."""
+    if hasattr(sequences, "lengths"):
+        return np.asarray(sequences.lengths())
+    return np.array([len(seq) for seq in sequences])
+
+
 def plan_packed_batches(dataset, rows: int, length: int, order) -> list[list[list[int]]]:
     """Batches of `rows` rows, each row a list of example indices that fit in `length` tokens on
     every side, filled first-fit in `order`; a batch is closed when an example fits none of
     its rows. Every example of `order` is placed exactly once."""
-    sides = _sides(dataset)
-    lengths = np.stack([[len(seq[i]) for seq in sides] for i in range(len(dataset))])
+    lengths = np.stack([_lengths(seq) for seq in _sides(dataset)], axis=1)  # (examples, sides)
     too_long = np.flatnonzero((lengths > length).any(axis=1))
     if too_long.size:
-        where = dataset.pairs[int(too_long[0])].where
+        first = int(too_long[0])
+        pairs = getattr(dataset, "pairs", None)  # (an on-disk cache keeps no text)
+        where = pairs[first].where if pairs is not None else f"example {first + 1}"
         raise PackingError(f"{where}: an example longer than the packed row length {length}")
     batches, current, used = [], [], []
     for index in order:
