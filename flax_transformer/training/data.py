@@ -322,14 +322,18 @@ def plan_batches(dataset: Dataset, batch_size: int, max_len: int, rng=None):
     With `rng`, examples are shuffled before bucketing and batches are shuffled after; without,
     the order is fixed (evaluation)."""
     bounds = np.array(bucket_boundaries(max_len))
-    lengths = dataset.lengths()
-    buckets = bounds[np.searchsorted(bounds, lengths)]
-    order = rng.permutation(len(dataset)) if rng is not None else np.arange(len(dataset))
+    # Small index types: on a corpus of millions of examples these arrays are the plan's
+    # memory (int16 bucket numbers, int32 example indices; the same values as int64).
+    bucket_of = np.searchsorted(bounds, dataset.lengths()).astype(np.int16)  # (examples,)
+    count = len(dataset)
+    order = rng.permutation(count) if rng is not None else np.arange(count)
+    order = order.astype(np.int32 if count < 2**31 else np.int64)
+    ordered = bucket_of[order]
     plan = []
-    for bucket in np.unique(buckets):
-        members = order[buckets[order] == bucket]
+    for number in np.unique(ordered):
+        members, bucket = order[ordered == number], int(bounds[number])
         for start in range(0, len(members), batch_size):
-            plan.append((int(bucket), members[start : start + batch_size]))
+            plan.append((bucket, members[start : start + batch_size]))
     if rng is not None:
         plan = [plan[i] for i in rng.permutation(len(plan))]
     return plan
