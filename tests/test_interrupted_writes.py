@@ -122,6 +122,8 @@ def test_convert_past_a_file_size_limit_leaves_no_output(tmp_path):
 # process signals itself once the first part of the output exists.
 SIGNAL_MID_IMPORT = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (pytest-xdist's
+# workers ignore SIGINT, and a child inherits that)
 from flax_transformer.training import checkpoint
 save = checkpoint.Checkpointer.save
 def save_then_signal(self, *args, **kwargs):
@@ -148,6 +150,7 @@ def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status,
 
 SIGNAL_MID_CONVERT = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
 import safetensors.numpy
 save_file = safetensors.numpy.save_file
 def save_then_signal(tensors, path, *args, **kwargs):
