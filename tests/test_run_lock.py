@@ -33,9 +33,12 @@ TINY = [
 # A run that, after step argv[1] (its checkpoints on disk), writes argv[2] and waits (at most
 # two minutes) for argv[3] to exist: the test acts on the run while it is there.
 HOLD_AT_STEP = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 import train
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell: pytest-xdist's
+# workers ignore SIGINT, and a child inherits that
 
 def hold(info):
     if info.event == "step" and info.step == int(sys.argv[1]):
