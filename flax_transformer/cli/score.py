@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def score(args) -> dict:
     """The scores of the test set, with what was scored (examples, checkpoint, decoding)."""
     import jax
 
+    from flax_transformer.cli.train_flags import bleu_tokenizer
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
     from flax_transformer.training.data import eval_batches
@@ -144,9 +146,13 @@ def score(args) -> dict:
         else Beam(args.beam, 0.6 if args.alpha is None else args.alpha)
     )
     saved = (read_run_json(args.workdir) or {}).get("args", {})
-    bleu_tokenize = args.bleu_tokenize or saved.get("bleu_tokenize") or "13a"
-    if bleu_tokenize == "auto":  # a run of a built-in task scores letter by letter
-        bleu_tokenize = "char" if not saved.get("train_tsv") else "13a"
+    bleu_tokenize = args.bleu_tokenize or bleu_tokenizer(  # the run's own choice, "auto" resolved
+        types.SimpleNamespace(
+            bleu_tokenize=saved.get("bleu_tokenize", "auto"),
+            train_tsv=saved.get("train_tsv"),
+            train_jsonl=saved.get("train_jsonl"),
+        )
+    )
     decoded = evaluate_decoding(
         model, params["params"], dataset, run.tokenizer, batch_size=args.batch_size,
         max_len=run.config.max_len, bleu_tokenize=bleu_tokenize, strategy=strategy,

@@ -241,18 +241,29 @@ def encode_pairs(pairs: list[Pair], tokenizer, max_len: int, on_long: str = "ski
         tgt_out.append(np.array(t + [eos], np.int32))
         kept.append(pair)
     if long:
-        action = "skipped" if on_long == "skip" else "truncated"
-        warnings.warn(
-            f"{len(long)} pair(s) longer than max_len {max_len} were {action} "
-            f"(first: {', '.join(long[:3])})",
-            stacklevel=2,
-        )
+        warn_long_pairs(len(long), long, max_len, on_long, stacklevel=3)
     if not kept:
-        raise DataError(
-            f"{sources_of(pairs)}: no pair fits max_len {max_len} (all {len(pairs)} are longer "
-            "with bos/eos); raise --max-len"
-        )
+        raise no_pair_fits(sources_of(pairs), len(pairs), max_len)
     return Dataset(tgt_in, tgt_out, src, kept)
+
+
+def warn_long_pairs(count: int, first, max_len: int, on_long: str, stacklevel: int = 2) -> None:
+    """The one warning for `count` pairs over max_len that were skipped or truncated; `first`:
+    where the first few are (file:line)."""
+    action = "skipped" if on_long == "skip" else "truncated"
+    warnings.warn(
+        f"{count} pair(s) longer than max_len {max_len} were {action} "
+        f"(first: {', '.join(list(first)[:3])})",
+        stacklevel=stacklevel,
+    )
+
+
+def no_pair_fits(where, total: int, max_len: int) -> DataError:
+    """The error for a data file none of whose `total` pairs fits max_len."""
+    return DataError(
+        f"{where}: no pair fits max_len {max_len} (all {total} are longer with bos/eos); "
+        "raise --max-len"
+    )
 
 
 def check_dataset_ids(dataset: Dataset, vocab_size: int) -> None:

@@ -24,12 +24,11 @@ class BatchTokensError(ValueError):
 def rows_for(length: int, batch_tokens: int, multiple: int = 1) -> int:
     """Rows of a batch whose sequences are padded to `length`: the most, in steps of
     `multiple`, with rows * length <= batch_tokens."""
-    rows = (batch_tokens // length) // multiple * multiple
-    if rows < multiple or rows == 0:
+    rows = (batch_tokens // length) // multiple * multiple  # multiple >= 1
+    if rows == 0:
         raise BatchTokensError(
-            f"--batch-tokens {batch_tokens} cannot hold {max(multiple, 1)} row(s) of "
-            f"{length} tokens (the longest bucket is --max-len); use at least "
-            f"{length * max(multiple, 1)}"
+            f"--batch-tokens {batch_tokens} cannot hold {multiple} row(s) of {length} tokens "
+            f"(the longest bucket is --max-len); use at least {length * multiple}"
         )
     return rows
 

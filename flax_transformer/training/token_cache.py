@@ -44,7 +44,6 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,13 @@ import numpy as np
 from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training import corpus
-from flax_transformer.training.data import LONG_POLICIES, DataError, Pair
+from flax_transformer.training.data import (
+    LONG_POLICIES,
+    DataError,
+    Pair,
+    no_pair_fits,
+    warn_long_pairs,
+)
 from flax_transformer.training.run_dir import TOKEN_CACHE
 
 VERSION = 2
@@ -365,17 +370,9 @@ def build_cache(staged: Path, scan, tokenizer, key: dict, held=(), workers=None)
         for appender in appenders.values():
             appender.close()
     if long_count:
-        action = "skipped" if on_long == "skip" else "truncated"
-        warnings.warn(
-            f"{long_count} pair(s) longer than max_len {max_len} were {action} "
-            f"(first: {', '.join(long)})",
-            stacklevel=2,
-        )
+        warn_long_pairs(long_count, long, max_len, on_long, stacklevel=3)
     if not examples:
-        raise DataError(
-            f"{scan.path}: no pair fits max_len {max_len} (all {scan.count - len(held)} are "
-            "longer with bos/eos); raise --max-len"
-        )
+        raise no_pair_fits(scan.path, scan.count - len(held), max_len)
     max_id = max(a.max_id for a in appenders.values())
     meta = {"key": key, "examples": examples, "records": scan.count, "held_out": len(held),
             "max_id": max_id, "long_count": long_count}  # fmt: skip
