@@ -64,6 +64,45 @@ SEQ2SEQ_VARIANTS = {
         final_logits_bias=True,
         mask_target_padding=False,
     ),
+    # T5 v1.0 as hf.load configures it: a relative bias shared by each stack's layers (log
+    # buckets from distance 4 on, reached by the 11-token sources), RMS norm, no biases, no
+    # logit scaling, no positions, the decoder output scaled before the tied head.
+    "t5": dict(
+        positional="none",
+        relative_attention_buckets=8,
+        relative_attention_max_distance=9,
+        norm_type="rms",
+        norm_first=True,
+        final_norm=True,
+        use_bias=False,
+        scale_attention_logits=False,
+        share_embeddings=True,
+        tie_output=True,
+        scale_decoder_output=True,
+        tgt_vocab_size=37,
+        mask_target_padding=False,
+        layer_norm_eps=1e-6,
+    ),
+    # UMT5 / T5 v1.1: one bias per layer, gated gelu_new, an untied head; heads of width 10
+    # (30 != d_model 24, as flan-t5-small's 6 x 64 != 512).
+    "umt5": dict(
+        positional="none",
+        relative_attention_buckets=6,
+        relative_attention_max_distance=7,
+        relative_attention_per_layer=True,
+        norm_type="rms",
+        norm_first=True,
+        final_norm=True,
+        use_bias=False,
+        scale_attention_logits=False,
+        gated_ffn=True,
+        activation="gelu_tanh",
+        attention_head_dim=10,
+        share_embeddings=True,
+        tgt_vocab_size=37,
+        lm_head_bias=False,
+        mask_target_padding=False,
+    ),
     "untied_head_without_bias": dict(lm_head_bias=False, final_logits_bias=True),
     "sinusoid_halves_with_offset": dict(sinusoid_layout="halves", position_offset=3),
 }
@@ -77,6 +116,21 @@ LM_VARIANTS = {
         mask_target_padding=False,
     ),
     "embed_norm_silu": dict(embed_norm=True, activation="silu", lm_head_bias=False),
+    # Llama-like switches with a causal relative bias (per-token positions: left padding).
+    "rms_gated_relative": dict(
+        positional="none",
+        relative_attention_buckets=8,
+        relative_attention_max_distance=5,
+        norm_type="rms",
+        norm_first=True,
+        final_norm=True,
+        embed_norm=True,
+        use_bias=False,
+        gated_ffn=True,
+        activation="silu",
+        lm_head_bias=False,
+        scale_decoder_output=True,
+    ),
 }
 
 

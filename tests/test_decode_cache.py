@@ -122,6 +122,36 @@ CONFIGS = {
         scale_embeddings=True,
         activation="gelu",
     ),
+    # T5 v1.0 / T5 v1.1-style: no positions but a relative bias shared by the layers (log
+    # buckets from distance 2), RMS norm, gated FFN, no biases, unscaled logits.
+    "T5-style, shared relative bias": dict(
+        norm_first=True,
+        final_norm=True,
+        positional="none",
+        relative_attention_buckets=8,
+        relative_attention_max_distance=6,
+        norm_type="rms",
+        gated_ffn=True,
+        activation="gelu_tanh",
+        use_bias=False,
+        scale_attention_logits=False,
+        share_embeddings=True,
+        tgt_vocab_size=43,
+        tie_output=True,
+        scale_decoder_output=True,
+    ),
+    # UMT5-style: one relative bias per layer.
+    "UMT5-style, per-layer relative bias": dict(
+        norm_first=True,
+        final_norm=True,
+        positional="none",
+        relative_attention_buckets=8,
+        relative_attention_max_distance=6,
+        relative_attention_per_layer=True,
+        norm_type="rms",
+        use_bias=False,
+        scale_attention_logits=False,
+    ),
 }
 # How each config feeds its 12 tokens: (first chunks, cache_len); the rest go one per call.
 FEEDS = {
@@ -129,6 +159,9 @@ FEEDS = {
     "post-LN": ((1, 3, 2), 12),
     # A 5-token prefill in one call; the cache is longer than needed.
     "pre-LN, final norm, learned positions, tied shared embeddings, scaled, gelu": ((5,), 20),
+    "T5-style, shared relative bias": ((1, 3, 2), 12),
+    # The cache (20) shorter than max_len (24): the bias is cut to the cache.
+    "UMT5-style, per-layer relative bias": ((5,), 20),
 }
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.relative import relative_bucket_table
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.validate import check_weights
 
@@ -44,13 +45,21 @@ def make_segment_mask(q_segments: torch.Tensor, k_segments: torch.Tensor) -> tor
     return (same & real)[:, None]
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, dropout_p: float = 0.0):
-    """query (batch, heads, q_len, head_dim), key/value (batch, heads, k_len, head_dim).
+def scaled_dot_product_attention(
+    query, key, value, mask=None, dropout_p: float = 0.0, bias=None, scale: bool = True
+):
+    """query (batch, heads, q_len, head_dim), key/value (batch, heads, k_len, head_dim); `bias`
+    (broadcastable to (batch, heads, q_len, k_len)) added to the logits, which are divided by
+    sqrt(head_dim) only when `scale`.
 
     Returns output (batch, heads, q_len, head_dim) and weights (batch, heads, q_len, k_len).
     """
     head_dim = query.shape[-1]
-    scores = query @ key.transpose(-2, -1) / math.sqrt(head_dim)
+    scores = query @ key.transpose(-2, -1)
+    if scale:
+        scores = scores / math.sqrt(head_dim)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)
@@ -66,23 +75,26 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        d = config.d_model
+        d, inner = config.d_model, config.attention_dim
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.attention_dropout = config.attention_dropout_rate
-        self.query, self.key, self.value, self.out = (
-            nn.Linear(d, d, bias=config.use_bias) for _ in range(4)
+        self.scale = config.scale_attention_logits
+        self.query, self.key, self.value = (
+            nn.Linear(d, inner, bias=config.use_bias) for _ in range(3)
         )
+        self.out = nn.Linear(inner, d, bias=config.use_bias)
         self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
         # "fused": PyTorch's fused kernel (F.scaled_dot_product_attention), which gives no
         # weights; "reference" and "auto" keep the explicit path, so the weights stay readable.
         self.attention_impl = config.attention_impl
 
-    def forward(self, inputs_q, inputs_kv=None, mask=None):
+    def forward(self, inputs_q, inputs_kv=None, mask=None, bias=None):
         """inputs_q (batch, q_len, d_model), inputs_kv (batch, k_len, d_model; default inputs_q:
         self-attention), boolean mask broadcastable to (batch, heads, q_len, k_len), True = may
-        attend -> (batch, q_len, d_model)."""
+        attend, `bias` added to the logits (a relative position bias) -> (batch, q_len,
+        d_model)."""
         inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-        batch, q_len, d_model = inputs_q.shape
+        batch, q_len, _ = inputs_q.shape
 
         def split(x):  # (batch, len, d_model) -> (batch, heads, len, head_dim)
             return x.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
@@ -90,15 +102,20 @@ class MultiHeadAttention(nn.Module):
         query = split(self.query(inputs_q))
         key, value = split(self.key(inputs_kv)), split(self.value(inputs_kv))
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self.attention_impl == "fused":
-            output = F.scaled_dot_product_attention(query, key, value, mask, dropout_p)
+        if self.attention_impl == "fused" and bias is None:
+            factor = None if self.scale else 1.0
+            output = F.scaled_dot_product_attention(
+                query, key, value, mask, dropout_p, scale=factor
+            )
             if mask is not None:  # the fused kernel gives NaN for fully masked rows: define 0
                 output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
             self.last_weights = None
         else:
-            output, weights = scaled_dot_product_attention(query, key, value, mask, dropout_p)
+            output, weights = scaled_dot_product_attention(
+                query, key, value, mask, dropout_p, bias, self.scale
+            )
             self.last_weights = weights.detach()
-        output = output.transpose(1, 2).reshape(batch, q_len, d_model)  # concat heads
+        output = output.transpose(1, 2).reshape(batch, q_len, -1)  # concat heads
         return self.out(output)
 
 
@@ -123,19 +140,28 @@ ACTIVATIONS = {
 
 class FeedForward(nn.Module):
     """The position-wise feed-forward: linear1 (d_model -> d_ff), activation, dropout, linear2
-    (d_ff -> d_model)."""
+    (d_ff -> d_model); with config.gated_ffn the activation is multiplied by linear3 (d_model
+    -> d_ff) before the dropout."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, config.d_ff, bias=config.use_bias)
         self.linear2 = nn.Linear(config.d_ff, config.d_model, bias=config.use_bias)
+        self.linear3 = (
+            nn.Linear(config.d_model, config.d_ff, bias=config.use_bias)
+            if config.gated_ffn
+            else None
+        )
         self.activation = ACTIVATIONS[config.activation]()
         rate = config.activation_dropout_rate
         self.dropout = nn.Dropout(config.dropout_rate if rate is None else rate)
 
     def forward(self, x):
         """x (..., d_model) -> (..., d_model)."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+        hidden = self.activation(self.linear1(x))
+        if self.linear3 is not None:
+            hidden = hidden * self.linear3(x)
+        return self.linear2(self.dropout(hidden))
 
 
 class PositionalEncoding(nn.Module):
@@ -162,8 +188,70 @@ class PositionalEncoding(nn.Module):
         return x + table[start : start + x.shape[1]].to(x.dtype)[None]
 
 
-def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps), no mean, no bias; the mean square in at least float32, then
+    cast to the weight's dtype and multiplied by `weight` (transformers' T5LayerNorm)."""
+
+    def __init__(self, features: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(features))
+        self.eps = eps
+
+    def forward(self, x):
+        """x (..., features) -> same shape."""
+        stats = x if x.dtype == torch.float64 else x.float()
+        variance = stats.pow(2).mean(-1, keepdim=True)
+        return self.weight * (stats * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
+
+
+def _layer_norm(config: TransformerConfig) -> nn.Module:
+    if config.norm_type == "rms":
+        return RMSNorm(config.d_model, config.layer_norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.use_bias)
+
+
+class RelativePositionBias(nn.Module):
+    """The relative position bias: relative positions (batch | 1, q_len, k_len), key minus
+    query -> (batch | 1, heads, q_len, k_len), one learned `weight` (buckets, heads) row per
+    bucket (flax_transformer/spec/relative.py)."""
+
+    def __init__(self, config: TransformerConfig, bidirectional: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(config.relative_attention_buckets, config.num_heads))
+        distance = config.relative_attention_max_distance
+        table = relative_bucket_table(config.relative_attention_buckets, distance, bidirectional)
+        self.register_buffer("buckets", torch.from_numpy(table).long(), persistent=False)
+        self.max_distance = distance
+
+    def forward(self, relative):
+        """relative positions -> the bias, heads on axis 1."""
+        index = relative.clamp(-self.max_distance, self.max_distance) + self.max_distance
+        return self.weight[self.buckets[index]].permute(0, 3, 1, 2)
+
+
+def relative_positions(config: TransformerConfig, length: int, positions=None):
+    """Key minus query positions (batch | 1, length, length), from `positions` (batch, length)
+    or 0..length-1; None without a relative position bias."""
+    if not config.relative_attention_buckets:
+        return None
+    if positions is None:
+        positions = torch.arange(length)[None]
+    return positions[:, None, :] - positions[:, :, None]
+
+
+class _RelativeBiasMixin:
+    """A stack's or block's own relative position bias (`relative_bias`), when it has one."""
+
+    def _init_relative(self, config: TransformerConfig, bidirectional: bool, per_layer: bool):
+        has = bool(config.relative_attention_buckets) and (
+            config.relative_attention_per_layer == per_layer
+        )
+        self.relative_bias = RelativePositionBias(config, bidirectional) if has else None
+
+    def _bias(self, relative, bias):
+        if self.relative_bias is None or relative is None:
+            return bias
+        return self.relative_bias(relative)
 
 
 class _ResidualMixin:
@@ -173,12 +261,13 @@ class _ResidualMixin:
         return norm(x + self.dropout(sublayer(x)))
 
 
-class EncoderBlock(_ResidualMixin, nn.Module):
+class EncoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
     """Self-attention then feed-forward, each with dropout and a residual; post-LN (the paper) or
-    pre-LN (config.norm_first)."""
+    pre-LN (config.norm_first); its own relative_bias with config.relative_attention_per_layer."""
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, bidirectional: bool = True):
         super().__init__()
+        self._init_relative(config, bidirectional, per_layer=True)
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config)
         self.norm1 = _layer_norm(config)
@@ -186,19 +275,21 @@ class EncoderBlock(_ResidualMixin, nn.Module):
         self.norm2 = _layer_norm(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, x, mask=None):
-        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len) -> (batch,
-        len, d_model)."""
-        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=mask))
+    def forward(self, x, mask=None, relative=None, bias=None):
+        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len), relative
+        positions and the stack's relative bias -> (batch, len, d_model)."""
+        bias = self._bias(relative, bias)
+        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=mask, bias=bias))
         return self._residual(self.norm2, x, self.ffn)
 
 
-class DecoderBlock(_ResidualMixin, nn.Module):
+class DecoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
     """Masked self-attention, cross-attention on the encoder output, then feed-forward, each with
     dropout and a residual; post-LN or pre-LN (config.norm_first)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self._init_relative(config, bidirectional=False, per_layer=True)
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config)
         self.norm1 = _layer_norm(config)
@@ -208,46 +299,54 @@ class DecoderBlock(_ResidualMixin, nn.Module):
         self.norm3 = _layer_norm(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, x, encoded, self_mask=None, cross_mask=None):
+    def forward(self, x, encoded, self_mask=None, cross_mask=None, relative=None, bias=None):
         """x (batch, tgt_len, d_model), encoded (batch, src_len, d_model), self_mask (..,
         tgt_len, tgt_len), cross_mask (.., tgt_len, src_len) -> (batch, tgt_len, d_model)."""
-        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=self_mask))
+        bias = self._bias(relative, bias)
+        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=self_mask, bias=bias))
         x = self._residual(self.norm2, x, lambda h: self.cross_attn(h, encoded, mask=cross_mask))
         return self._residual(self.norm3, x, self.ffn)
 
 
-class Encoder(nn.Module):
+class Encoder(_RelativeBiasMixin, nn.Module):
     """A stack of EncoderBlocks (config.num_encoder_layers unless `num_layers`), with a final
-    LayerNorm when config.final_norm; TransformerLM's decoder is one too."""
+    LayerNorm when config.final_norm; TransformerLM's decoder is one too (bidirectional=False:
+    a causal relative bias)."""
 
-    def __init__(self, config: TransformerConfig, num_layers: int | None = None):
+    def __init__(
+        self, config: TransformerConfig, num_layers: int | None = None, bidirectional: bool = True
+    ):
         super().__init__()
+        self._init_relative(config, bidirectional, per_layer=False)
         num_layers = config.num_encoder_layers if num_layers is None else num_layers
-        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(num_layers))
+        self.layers = nn.ModuleList(EncoderBlock(config, bidirectional) for _ in range(num_layers))
         self.norm = _layer_norm(config) if config.final_norm else None
 
-    def forward(self, x, mask=None):
-        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len) -> (batch,
-        len, d_model)."""
+    def forward(self, x, mask=None, relative=None):
+        """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len), relative
+        positions (batch | 1, len, len) -> (batch, len, d_model)."""
+        bias = self._bias(relative, None)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, relative, bias)
         return x if self.norm is None else self.norm(x)
 
 
-class Decoder(nn.Module):
+class Decoder(_RelativeBiasMixin, nn.Module):
     """A stack of config.num_decoder_layers DecoderBlocks, with a final LayerNorm when
     config.final_norm."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        self._init_relative(config, bidirectional=False, per_layer=False)
         self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.num_decoder_layers))
         self.norm = _layer_norm(config) if config.final_norm else None
 
-    def forward(self, x, encoded, self_mask=None, cross_mask=None):
-        """x (batch, tgt_len, d_model), encoded (batch, src_len, d_model), self_mask, cross_mask
-        -> (batch, tgt_len, d_model)."""
+    def forward(self, x, encoded, self_mask=None, cross_mask=None, relative=None):
+        """x (batch, tgt_len, d_model), encoded (batch, src_len, d_model), self_mask, cross_mask,
+        relative positions -> (batch, tgt_len, d_model)."""
+        bias = self._bias(relative, None)
         for layer in self.layers:
-            x = layer(x, encoded, self_mask, cross_mask)
+            x = layer(x, encoded, self_mask, cross_mask, relative, bias)
         return x if self.norm is None else self.norm(x)
 
 
@@ -272,7 +371,9 @@ class _EmbeddingsMixin(nn.Module):
             if with_source:
                 self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
             self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
-        if config.positional != "learned":
+        if config.positional == "none":
+            self.positions = None
+        elif config.positional != "learned":
             self.positions = PositionalEncoding(config)
         elif with_source and config.separate_positions:  # one learned table per stack
             self.src_pos_embed = PositionalEncoding(config)
@@ -313,12 +414,15 @@ class _EmbeddingsMixin(nn.Module):
             add_positions = getattr(self, f"{side}_pos_embed")
         else:
             add_positions = getattr(self, "pos_embed", None) or self.positions
-        x = add_positions(x, offset, positions)
+        if add_positions is not None:
+            x = add_positions(x, offset, positions)
         if self.config.embed_norm:
             x = getattr(self, f"{side}_embed_norm")(x)
         return self.embed_dropout(x)
 
     def _output_logits(self, x):
+        if self.config.scale_decoder_output:
+            x = x * self.config.d_model**-0.5
         if self.lm_head is None:
             logits = x @ self.tgt_embed_table.weight.T
         else:
@@ -362,7 +466,8 @@ class Transformer(_EmbeddingsMixin):
         to the source padding mask."""
         if src_mask is None:
             src_mask = make_padding_mask(src, self.config.pad_id)
-        return self.encoder(self._embed("src", src, positions=positions), src_mask)
+        relative = relative_positions(self.config, src.shape[1], positions)
+        return self.encoder(self._embed("src", src, positions=positions), src_mask, relative)
 
     def decode(self, encoded, tgt, src_mask=None, tgt_mask=None, positions=None):
         """encoded (batch, src_len, d_model), tgt (batch, tgt_len) token ids -> logits (batch,
@@ -370,7 +475,9 @@ class Transformer(_EmbeddingsMixin):
         (+ target padding when config.mask_target_padding)."""
         if tgt_mask is None:
             tgt_mask = self._default_target_mask(tgt)
-        x = self.decoder(self._embed("tgt", tgt, positions=positions), encoded, tgt_mask, src_mask)
+        relative = relative_positions(self.config, tgt.shape[1], positions)
+        x = self._embed("tgt", tgt, positions=positions)
+        x = self.decoder(x, encoded, tgt_mask, src_mask, relative)
         return self._output_logits(x)
 
 
@@ -380,7 +487,7 @@ class TransformerLM(_EmbeddingsMixin):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self._init_embeddings(config, with_source=False)
-        self.decoder = Encoder(config, num_layers=config.num_decoder_layers)
+        self.decoder = Encoder(config, num_layers=config.num_decoder_layers, bidirectional=False)
         self.to(TORCH_DTYPES[config.param_dtype])
 
     def forward(self, tokens, mask=None, positions=None):
@@ -389,7 +496,8 @@ class TransformerLM(_EmbeddingsMixin):
         if mask is None:
             mask = self._default_target_mask(tokens)
         x = self._embed("tgt", tokens, positions=positions)
-        return self._output_logits(self.decoder(x, mask))
+        relative = relative_positions(self.config, tokens.shape[1], positions)
+        return self._output_logits(self.decoder(x, mask, relative))
 
 
 def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

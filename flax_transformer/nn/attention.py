@@ -58,8 +58,12 @@ def scaled_dot_product_attention(
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
     heads_first: bool = False,
+    bias: jax.Array | None = None,
+    scale: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
-    """softmax(q k^T / sqrt(d_k)) v, per head.
+    """softmax(q k^T / sqrt(d_k) + bias) v, per head (without the 1 / sqrt(d_k) when not
+    `scale`; `bias` broadcastable to (batch, heads, q_len, k_len), e.g. a relative position
+    bias, added before the mask).
 
     query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim), or
     (batch, heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
@@ -71,9 +75,13 @@ def scaled_dot_product_attention(
     """
     head_dim = query.shape[-1]
     kv = "bhkd" if heads_first else "bkhd"
-    scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key) / np.sqrt(head_dim).astype(query.dtype)
+    scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)
+    if scale:
+        scores = scores / np.sqrt(head_dim).astype(query.dtype)
     softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
     scores = scores.astype(softmax_dtype)
+    if bias is not None:
+        scores = scores + bias.astype(softmax_dtype)
     if mask is not None:
         if jnp.issubdtype(mask.dtype, jnp.floating):
             # A float mask is an additive bias (torch's convention); -inf marks blocked keys.
@@ -109,14 +117,15 @@ def use_fused_attention(impl: str, mask: jax.Array | None) -> bool:
     return impl == "fused"
 
 
-def fused_attention(query, key, value, mask=None) -> jax.Array:
+def fused_attention(query, key, value, mask=None, scale: bool = True) -> jax.Array:
     """scaled_dot_product_attention's output (no weights) through jax.nn.dot_product_attention
     (cuDNN flash attention where available). Same layout (batch, len, heads, head_dim) and
     the same mask semantics: a query row with every key masked gives zeros."""
+    factor = None if scale else 1.0  # None: the kernel's 1 / sqrt(head_dim)
     if mask is None:
-        return jax.nn.dot_product_attention(query, key, value)
+        return jax.nn.dot_product_attention(query, key, value, scale=factor)
     mask = mask.astype(bool).reshape((1,) * (4 - mask.ndim) + mask.shape)  # 4-D
-    output = jax.nn.dot_product_attention(query, key, value, mask=mask)
+    output = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=factor)
     full = jnp.broadcast_to(mask, mask.shape[:-1] + (key.shape[1],))
     any_key = jnp.any(full, axis=-1)  # (batch|1, heads|1, q_len|1)
     any_key = jnp.swapaxes(any_key, 1, 2)[..., None]  # (batch|1, q_len|1, heads|1, 1)
@@ -158,12 +167,16 @@ class MultiHeadAttention(nn.Module):
         deterministic: bool = True,
         decode: bool = False,
         is_cross: bool = False,
+        bias: jax.Array | None = None,
     ) -> jax.Array:
+        """`bias` (batch | 1, heads, q_len, k_len or longer), added to the logits before the
+        mask (a relative position bias; in decode mode its key axis covers the cache from
+        position 0 and is cut to the cache's length)."""
         cfg = self.config
         # q/k/v map "embed" to "heads" (num_heads * head_dim, head-major: a split of that axis
         # keeps whole heads); `out` maps the concatenated heads back to "embed".
         dense = lambda name: Dense(  # noqa: E731
-            cfg.d_model,
+            cfg.d_model if name == "out" else cfg.attention_dim,
             use_bias=cfg.use_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
@@ -182,6 +195,9 @@ class MultiHeadAttention(nn.Module):
             key, value = split(dense("key")(source)), split(dense("value")(source))
             if decode:
                 key, value, mask = self._update_self_cache(key, value, mask)
+        if bias is not None:
+            k_len = key.shape[2] if heads_first else key.shape[1]
+            bias = bias[..., :k_len]
         group = 1  # query rows per key row (beams sharing one cached source)
         if decode and is_cross and key.shape[0] != batch:
             query, mask, group = _group_rows(query, key, mask)
@@ -191,10 +207,10 @@ class MultiHeadAttention(nn.Module):
             dropout_rng = self.make_rng("dropout")
         weights_wanted = self.is_mutable_collection("intermediates")
         fused = use_fused_attention(cfg.attention_impl, mask)
-        if fused and dropout_rng is None and not weights_wanted:
+        if fused and bias is None and dropout_rng is None and not weights_wanted:
             if heads_first:  # the fused kernel takes (batch, len, heads, head_dim)
                 key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
-            output = fused_attention(query, key, value, mask)
+            output = fused_attention(query, key, value, mask, cfg.scale_attention_logits)
         else:
             output, weights = scaled_dot_product_attention(
                 query,
@@ -205,13 +221,15 @@ class MultiHeadAttention(nn.Module):
                 dropout_rng=dropout_rng,
                 deterministic=deterministic,
                 heads_first=heads_first,
+                bias=bias,
+                scale=cfg.scale_attention_logits,
             )
             if group > 1:  # (b, heads, G * q, k) -> (b * G, heads, q, k)
                 heads, k_len = weights.shape[1], weights.shape[-1]
                 weights = weights.reshape((-1, heads, group, q_len, k_len))
                 weights = jnp.swapaxes(weights, 1, 2).reshape((batch, heads, q_len, k_len))
             self.sow("intermediates", "attention_weights", weights)
-        output = output.reshape(batch, q_len, cfg.d_model)  # concat heads (and the G rows)
+        output = output.reshape(batch, q_len, cfg.attention_dim)  # concat heads (and G rows)
         return dense("out")(output)
 
     def _cross_keys_values(self, inputs_kv, dense, split, decode):

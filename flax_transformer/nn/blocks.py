@@ -11,8 +11,17 @@ from flax import linen as nn
 
 from flax_transformer.nn.attention import MultiHeadAttention
 from flax_transformer.nn.dropout import Dropout
-from flax_transformer.nn.layers import FeedForward, layer_norm
+from flax_transformer.nn.layers import FeedForward, RelativePositionBias, layer_norm
 from flax_transformer.spec.config import TransformerConfig
+
+
+def self_attention_bias(module: nn.Module, relative, bias, bidirectional: bool):
+    """The block's relative position bias: its own (`relative_bias`, from the relative
+    positions) when config.relative_attention_per_layer, else the stack's `bias` (or None)."""
+    cfg = module.config
+    if cfg.relative_attention_per_layer and relative is not None:
+        return RelativePositionBias(cfg, bidirectional, name="relative_bias")(relative)
+    return bias
 
 
 def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool):
@@ -24,12 +33,16 @@ def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, determinis
 
 
 class EncoderBlock(nn.Module):
-    """Self-attention, then the feed-forward network. Params: self_attn, norm1, ffn, norm2.
+    """Self-attention, then the feed-forward network. Params: self_attn, norm1, ffn, norm2
+    (and relative_bias with config.relative_attention_per_layer).
 
-    The decoder-only TransformerLM uses this block too, with a causal mask.
+    The decoder-only TransformerLM uses this block too, with a causal mask (and a causal
+    relative position bias: bidirectional=False). `relative` (batch | 1, q_len, k_len) are the
+    relative positions, `bias` the stack's relative position bias (None: none).
     """
 
     config: TransformerConfig
+    bidirectional: bool = True
 
     @nn.compact
     def __call__(
@@ -38,15 +51,20 @@ class EncoderBlock(nn.Module):
         mask: jax.Array | None = None,
         deterministic: bool = True,
         decode: bool = False,
+        relative: jax.Array | None = None,
+        bias: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
+        bias = self_attention_bias(self, relative, bias, self.bidirectional)
         self_attn = MultiHeadAttention(cfg, name="self_attn")
         ffn = FeedForward(cfg, name="ffn")
         x = residual(
             cfg,
             layer_norm(cfg, "norm1"),
             x,
-            lambda h: self_attn(h, mask=mask, deterministic=deterministic, decode=decode),
+            lambda h: self_attn(
+                h, mask=mask, deterministic=deterministic, decode=decode, bias=bias
+            ),
             deterministic,
         )
         return residual(
@@ -61,8 +79,10 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, feed-forward network.
 
-    Params: self_attn, norm1, cross_attn, norm2, ffn, norm3. In decode mode `encoded` may be
-    None after the first call: the cross-attention keys/values come from the cache.
+    Params: self_attn, norm1, cross_attn, norm2, ffn, norm3 (and relative_bias with
+    config.relative_attention_per_layer: the self-attention's, causal). In decode mode
+    `encoded` may be None after the first call: the cross-attention keys/values come from the
+    cache. `relative` and `bias` as in EncoderBlock.
     """
 
     config: TransformerConfig
@@ -76,8 +96,11 @@ class DecoderBlock(nn.Module):
         cross_mask: jax.Array | None = None,
         deterministic: bool = True,
         decode: bool = False,
+        relative: jax.Array | None = None,
+        bias: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
+        bias = self_attention_bias(self, relative, bias, bidirectional=False)
         self_attn = MultiHeadAttention(cfg, name="self_attn")
         cross_attn = MultiHeadAttention(cfg, name="cross_attn")
         ffn = FeedForward(cfg, name="ffn")
@@ -85,7 +108,9 @@ class DecoderBlock(nn.Module):
             cfg,
             layer_norm(cfg, "norm1"),
             x,
-            lambda h: self_attn(h, mask=self_mask, deterministic=deterministic, decode=decode),
+            lambda h: self_attn(
+                h, mask=self_mask, deterministic=deterministic, decode=decode, bias=bias
+            ),
             deterministic,
         )
         x = residual(

@@ -15,6 +15,7 @@ from flax import linen as nn
 
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.relative import relative_buckets
 from flax_transformer.spec.sinusoid import sinusoidal_table
 
 # ----------------------------------------------------------------------------- logical axes
@@ -143,8 +144,38 @@ class LayerNorm(nn.Module):
         return y.astype(out_dtype)
 
 
-def layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
-    """The config's LayerNorm (eps, dtypes, bias) under `name`."""
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis (T5's and Llama's layer norm): x / sqrt(mean(x^2) + eps),
+    no mean subtracted, no bias; then cast to the output dtype and multiplied by `scale`, in
+    that order (transformers' T5LayerNorm). The mean square runs in at least float32 (float64
+    inputs keep float64). Param `scale`, over the logical axis `axis`."""
+
+    epsilon: float = 1e-6
+    dtype: str | None = None
+    param_dtype: str = "float32"
+    axis: str = "embed"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        init = with_axes(nn.initializers.ones, (self.axis,))
+        scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
+        stats = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        variance = jnp.mean(jnp.square(stats), axis=-1, keepdims=True)
+        out_dtype = self.dtype or jnp.promote_types(x.dtype, self.param_dtype)
+        y = (stats * jax.lax.rsqrt(variance + self.epsilon)).astype(out_dtype)
+        return scale.astype(out_dtype) * y
+
+
+def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.Module:
+    """The config's norm (config.norm_type: LayerNorm with eps, dtypes and bias, or RMSNorm)
+    under `name` (None: named by the attribute holding it)."""
+    if config.norm_type == "rms":
+        return RMSNorm(
+            epsilon=config.layer_norm_eps,
+            dtype=config.dtype,
+            param_dtype=config.param_dtype,
+            name=name,
+        )
     return LayerNorm(
         epsilon=config.layer_norm_eps,
         dtype=config.dtype,
@@ -155,7 +186,9 @@ def layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
 
 
 class FeedForward(nn.Module):
-    """Linear(d_model -> d_ff), activation, dropout, Linear(d_ff -> d_model)."""
+    """Linear(d_model -> d_ff), activation, dropout, Linear(d_ff -> d_model). With
+    config.gated_ffn the activation's output is multiplied by a second, linear projection
+    `linear3` (d_model -> d_ff) before the dropout (T5 v1.1's wi_0 / wi_1, Llama's gate / up)."""
 
     config: TransformerConfig
 
@@ -171,8 +204,10 @@ class FeedForward(nn.Module):
             name=name,
         )
         # The hidden units are the "mlp" axis: linear1's output, linear2's input.
-        x = dense(cfg.d_ff, ("embed", "mlp"), "linear1")(x)  # (..., d_ff)
-        x = activation_fn(cfg.activation)(x)
+        hidden = activation_fn(cfg.activation)(dense(cfg.d_ff, ("embed", "mlp"), "linear1")(x))
+        if cfg.gated_ffn:
+            hidden = hidden * dense(cfg.d_ff, ("embed", "mlp"), "linear3")(x)
+        x = hidden  # (..., d_ff)
         rate = (
             cfg.dropout_rate if cfg.activation_dropout_rate is None else cfg.activation_dropout_rate
         )
@@ -211,6 +246,32 @@ class PositionalEncoding(nn.Module):
         start = offset + cfg.position_offset
         vectors = jax.lax.dynamic_slice_in_dim(table, start, length, axis=0)
         return x + vectors.astype(x.dtype)[None]
+
+
+class RelativePositionBias(nn.Module):
+    """The relative position bias (config.relative_attention_buckets): relative positions
+    (batch | 1, q_len, k_len), key minus query -> a bias (batch | 1, heads, q_len, k_len) on the
+    attention logits, one learned value per bucket (spec/relative.py) and head. Param
+    `embedding` (buckets, heads), transformers' `relative_attention_bias.weight`."""
+
+    config: TransformerConfig
+    bidirectional: bool = True
+
+    @nn.compact
+    def __call__(self, relative: jax.Array) -> jax.Array:
+        cfg = self.config
+        shape = (cfg.relative_attention_buckets, cfg.num_heads)
+        init = with_axes(nn.initializers.normal(1.0), ("position", None))
+        table = self.param("embedding", init, shape, cfg.param_dtype)
+        buckets = relative_buckets(
+            relative,
+            cfg.relative_attention_buckets,
+            cfg.relative_attention_max_distance,
+            self.bidirectional,
+            xp=jnp,
+        )
+        values = jnp.take(table, buckets, axis=0)  # (b, q, k, heads)
+        return jnp.moveaxis(values, -1, 1).astype(cfg.dtype)
 
 
 class LogitsBias(nn.Module):

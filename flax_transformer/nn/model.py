@@ -16,9 +16,9 @@ from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.nn.layers import (
     Dense,
-    LayerNorm,
     LogitsBias,
     PositionalEncoding,
+    RelativePositionBias,
     layer_norm,
     with_axes,
 )
@@ -72,26 +72,62 @@ def check_positions(name: str, positions, shape: tuple[int, ...]) -> None:
         )
 
 
+def relative_positions(config: TransformerConfig, length: int, offset, positions, decode: bool):
+    """Key minus query positions (batch | 1, q_len, k_len) for the relative position bias, or
+    None without one. Queries sit at offset.. (the decode cache's index), or at `positions`
+    (batch, len) (packed rows); in decode mode the keys are every cache slot from 0 (max_len
+    of them; the attention cuts them to the cache's length)."""
+    if not config.relative_attention_buckets:
+        return None
+    if positions is not None:
+        if decode:
+            raise ValueError(
+                "per-token positions are not supported in decode mode with a relative position "
+                "bias (relative_attention_buckets): the cache slots are the positions"
+            )
+        return positions[:, None, :] - positions[:, :, None]
+    query = offset + jnp.arange(length)
+    key = jnp.arange(config.max_len if decode else length)
+    return (key[None, :] - query[:, None])[None]
+
+
+def stack_bias(module: nn.Module, relative, bidirectional: bool):
+    """The stack's shared relative position bias (`relative_bias`), or None (no bias, or one per
+    layer: config.relative_attention_per_layer)."""
+    cfg = module.config
+    if relative is None or cfg.relative_attention_per_layer:
+        return None
+    return RelativePositionBias(cfg, bidirectional, name="relative_bias")(relative)
+
+
 class Encoder(nn.Module):
-    """A stack of EncoderBlocks named layers_{i}, then `norm` when config.final_norm."""
+    """A stack of EncoderBlocks named layers_{i}, then `norm` when config.final_norm; with a
+    relative position bias, `relative_bias` (shared by the layers) or one per layer.
+    `bidirectional=False`: the decoder-only LM's stack (a causal relative bias)."""
 
     config: TransformerConfig
     num_layers: int | None = None  # defaults to config.num_encoder_layers
+    bidirectional: bool = True
 
     @nn.compact
-    def __call__(self, x, mask=None, *, deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self, x, mask=None, *, deterministic: bool = True, decode: bool = False, relative=None
+    ):
         cfg = self.config
         num_layers = cfg.num_encoder_layers if self.num_layers is None else self.num_layers
         block = nn.remat(EncoderBlock, static_argnums=(3, 4)) if cfg.remat else EncoderBlock
+        bias = stack_bias(self, relative, self.bidirectional)
         for i in range(num_layers):
-            x = block(cfg, name=f"layers_{i}")(x, mask, deterministic, decode)
+            layer = block(cfg, self.bidirectional, name=f"layers_{i}")
+            x = layer(x, mask, deterministic, decode, relative, bias)
         if cfg.final_norm:
             x = layer_norm(cfg, "norm")(x)
         return x
 
 
 class Decoder(nn.Module):
-    """A stack of DecoderBlocks named layers_{i}, then `norm` when config.final_norm."""
+    """A stack of DecoderBlocks named layers_{i}, then `norm` when config.final_norm; with a
+    relative position bias (causal), `relative_bias` (shared by the layers) or one per layer."""
 
     config: TransformerConfig
 
@@ -105,12 +141,14 @@ class Decoder(nn.Module):
         *,
         deterministic: bool = True,
         decode: bool = False,
+        relative=None,
     ):
         cfg = self.config
         block = nn.remat(DecoderBlock, static_argnums=(5, 6)) if cfg.remat else DecoderBlock
+        bias = stack_bias(self, relative, bidirectional=False)
         for i in range(cfg.num_decoder_layers):
             x = block(cfg, name=f"layers_{i}")(
-                x, encoded, self_mask, cross_mask, deterministic, decode
+                x, encoded, self_mask, cross_mask, deterministic, decode, relative, bias
             )
         if cfg.final_norm:
             x = layer_norm(cfg, "norm")(x)
@@ -145,7 +183,8 @@ class _EmbeddingsMixin:
         if cfg.scale_embeddings:
             x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
         side = tag[:3]  # "src" / "tgt"
-        x = self._positions[side](x, offset, positions)
+        if cfg.positional != "none":
+            x = self._positions[side](x, offset, positions)
         if cfg.embed_norm:
             x = getattr(self, f"{side}_embed_norm")(x)
         x = self.embed_dropout(x, deterministic=deterministic)
@@ -154,7 +193,7 @@ class _EmbeddingsMixin:
 
     def _setup_positions(self, cfg: TransformerConfig, with_source: bool) -> None:
         # Learned positions own the param `pos_embed.weight` (or one table per stack,
-        # src_pos_embed / tgt_pos_embed); sinusoidal ones hold no params.
+        # src_pos_embed / tgt_pos_embed); sinusoidal ones hold no params; "none" adds nothing.
         if cfg.positional != "learned":
             positions = PositionalEncoding(cfg)
             self._positions = {"src": positions, "tgt": positions}
@@ -171,6 +210,8 @@ class _EmbeddingsMixin:
             self.logits_bias = LogitsBias(cfg)
 
     def _output_logits(self, embed: nn.Embed, x, decode: bool = False):
+        if self.config.scale_decoder_output:
+            x = x * jnp.asarray(self.config.d_model**-0.5, x.dtype)
         if self.config.tie_output and decode and x.shape[0] * x.shape[1] == 1:
             logits = _tied_logits_one_row(embed, x)
         elif self.config.tie_output:
@@ -211,14 +252,9 @@ def _lm_head(cfg: TransformerConfig) -> Dense:
     )
 
 
-def _embed_norm(cfg: TransformerConfig) -> LayerNorm:
-    """The LayerNorm on the embeddings (config.embed_norm), named by the attribute holding it."""
-    return LayerNorm(
-        epsilon=cfg.layer_norm_eps,
-        dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        use_bias=cfg.use_bias,
-    )
+def _embed_norm(cfg: TransformerConfig) -> nn.Module:
+    """The norm on the embeddings (config.embed_norm), named by the attribute holding it."""
+    return layer_norm(cfg)
 
 
 def default_target_mask(tokens, config: TransformerConfig):
@@ -297,7 +333,8 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
         check_positions("positions", positions, src.shape)
         x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
-        return self.encoder(x, src_mask, deterministic=deterministic)
+        relative = relative_positions(cfg, src.shape[1], 0, positions, decode=False)
+        return self.encoder(x, src_mask, deterministic=deterministic, relative=relative)
 
     def decode(
         self,
@@ -340,7 +377,11 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         check_positions("positions", positions, tgt.shape)
         offset = self.decode_position(tgt_len, decode)
         x = self._embed(self.tgt_embed_table, tgt, offset, deterministic, "tgt_embedded", positions)
-        x = self.decoder(x, encoded, tgt_mask, src_mask, deterministic=deterministic, decode=decode)
+        relative = relative_positions(cfg, tgt_len, offset, positions, decode)
+        x = self.decoder(
+            x, encoded, tgt_mask, src_mask, deterministic=deterministic, decode=decode,
+            relative=relative,
+        )  # fmt: skip
         return self._output_logits(self.tgt_embed_table, x, decode)
 
 
@@ -360,7 +401,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         self._setup_positions(cfg, with_source=False)
         if cfg.embed_norm:
             self.tgt_embed_norm = _embed_norm(cfg)
-        self.decoder = Encoder(cfg, num_layers=cfg.num_decoder_layers)
+        self.decoder = Encoder(cfg, num_layers=cfg.num_decoder_layers, bidirectional=False)
         if not cfg.tie_output:
             self.lm_head = _lm_head(cfg)
 
@@ -387,5 +428,6 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         check_positions("positions", positions, tokens.shape)
         offset = self.decode_position(length, decode)
         x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded", positions)
-        x = self.decoder(x, mask, deterministic=deterministic, decode=decode)
+        relative = relative_positions(cfg, length, offset, positions, decode)
+        x = self.decoder(x, mask, deterministic=deterministic, decode=decode, relative=relative)
         return self._output_logits(self.tgt_embed, x, decode)

@@ -16,7 +16,10 @@ from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_probl
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-POSITIONALS = ("sinusoidal", "learned")
+# "none": no absolute positions (a model with a relative position bias, T5).
+POSITIONALS = ("sinusoidal", "learned", "none")
+# "layer": LayerNorm (mean subtracted, bias when use_bias); "rms": RMSNorm (no mean, no bias).
+NORM_TYPES = ("layer", "rms")
 # interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -75,6 +78,21 @@ class TransformerConfig:
     lm_head_bias: bool = True  # an untied lm_head has a bias (Hugging Face heads have none)
     final_logits_bias: bool = False  # a bias added to the logits after the head (logits_bias)
     mask_target_padding: bool = True  # default decoder mask: causal + pad_id keys; False: causal
+    # Switches of T5-style models (and Llama-style ones: RMS norm, gated FFN, no biases).
+    norm_type: str = "layer"  # one of NORM_TYPES, for every norm of the model
+    # A learned bias added to the attention logits of every self-attention, read from
+    # relative_attention_buckets buckets of the key position minus the query position: exact for
+    # small distances, log-spaced up to relative_attention_max_distance (bidirectional in the
+    # encoder, causal in the decoder); 0: none. One table per stack shared by its layers, or
+    # one per layer (relative_attention_per_layer).
+    relative_attention_buckets: int = 0
+    relative_attention_max_distance: int = 128
+    relative_attention_per_layer: bool = False
+    scale_attention_logits: bool = True  # divide q.k by sqrt(head_dim); False: no scaling
+    attention_head_dim: int | None = None  # width of one head (None: d_model // num_heads)
+    # The feed-forward's input is two projections: activation(linear1(x)) * linear3(x).
+    gated_ffn: bool = False
+    scale_decoder_output: bool = False  # multiply the last hidden state by d_model**-0.5
     # Special token ids (None: not set; the tokenizer decides). decoder_start_id is the
     # decoder's first token (Marian: the pad id), bos_id the begin-of-text token.
     bos_id: int | None = None
@@ -84,7 +102,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         problems = field_problems(self, FIELD_RULES)
         checked = not any(p.split()[0] in ("d_model", "num_heads") for p in problems)
-        if checked and self.d_model % self.num_heads:
+        if checked and self.attention_head_dim is None and self.d_model % self.num_heads:
             problems.append(
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})"
             )
@@ -93,6 +111,14 @@ class TransformerConfig:
             problems.append(
                 f"max_len {self.max_len} is larger than {MAX_LEN_LIMIT}, the longest this "
                 "project accepts (one attention matrix of that length would not fit in memory)"
+            )
+        buckets, distance = self.relative_attention_buckets, self.relative_attention_max_distance
+        relative_ok = not any(p.startswith("relative_attention_") for p in problems)
+        if relative_ok and buckets and (buckets < 4 or distance <= buckets // 2):
+            problems.append(
+                "relative_attention_buckets must be 0 or >= 4, and relative_attention_max_distance "
+                f"> relative_attention_buckets // 2, got {buckets} and {distance} (half the "
+                "buckets of a direction are exact distances, the rest log-spaced up to the max)"
             )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             problems.append(
@@ -115,8 +141,15 @@ class TransformerConfig:
 
     @property
     def head_dim(self) -> int:
-        """d_model // num_heads, the width of one attention head."""
+        """The width of one attention head: attention_head_dim, else d_model // num_heads."""
+        if self.attention_head_dim is not None:
+            return self.attention_head_dim
         return self.d_model // self.num_heads
+
+    @property
+    def attention_dim(self) -> int:
+        """num_heads * head_dim: the width of the query, key and value projections."""
+        return self.num_heads * self.head_dim
 
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with `changes` applied, checked again (ValueError on a bad value)."""
@@ -206,6 +239,14 @@ FIELD_RULES = {
     "lm_head_bias": Bool(),
     "final_logits_bias": Bool(),
     "mask_target_padding": Bool(),
+    "norm_type": Choice(NORM_TYPES),
+    "relative_attention_buckets": Int(min=0, why="(0 = no relative position bias)"),
+    "relative_attention_max_distance": Int(min=1),
+    "relative_attention_per_layer": Bool(),
+    "scale_attention_logits": Bool(),
+    "attention_head_dim": Int(min=1, optional=True),
+    "gated_ffn": Bool(),
+    "scale_decoder_output": Bool(),
     "bos_id": Int(min=0, optional=True),
     "eos_id": Int(min=0, optional=True),
     "decoder_start_id": Int(min=0, optional=True),
