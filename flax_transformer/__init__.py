@@ -43,6 +43,7 @@ _EXPORTS = {
     "Decoder": "flax_transformer.nn.model",
     "Encoder": "flax_transformer.nn.model",
     "Transformer": "flax_transformer.nn.model",
+    "TransformerEncoder": "flax_transformer.nn.model",
     "TransformerLM": "flax_transformer.nn.model",
     "model_for": "flax_transformer.nn.kinds",
 }

@@ -32,7 +32,7 @@ from flax.nnx.bridge import variables as bridge_variables
 from flax_transformer.interop.convert import check_flax_params
 from flax_transformer.nn.kinds import init_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.kinds import LM, SEQ2SEQ, check_kind, model_inputs
+from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind, model_inputs
 from flax_transformer.spec.naming import flatten_params, unflatten_params
 from flax_transformer.training.steps import loss_from_logits
 
@@ -95,7 +95,13 @@ class TransformerLM(_Bridged):
     kind = LM
 
 
-CLASSES = {SEQ2SEQ: Transformer, LM: TransformerLM}
+class TransformerEncoder(_Bridged):
+    """The bare encoder: `model(src) -> the last hidden states (batch, src_len, d_model)`."""
+
+    kind = ENCODER
+
+
+CLASSES = {SEQ2SEQ: Transformer, LM: TransformerLM, ENCODER: TransformerEncoder}
 
 
 def model_for_nnx(
@@ -105,7 +111,7 @@ def model_for_nnx(
     rngs: nnx.Rngs,
     params: Mapping[str, Any] | None = None,
 ) -> _Bridged:
-    """The NNX model of `kind` ("seq2seq" or "lm"); `params` (a linen tree) replace the
+    """The NNX model of `kind` ("seq2seq", "lm" or "encoder"); `params` (a linen tree) replace the
     random init."""
     return CLASSES[check_kind(kind)](config, rngs=rngs, params=params)
 

@@ -162,3 +162,45 @@ def test_decoder_output_scaling_changes_only_the_scale(rng):
     plain = np.asarray(Transformer(cfg).apply(params, src, tgt))
     scaled = Transformer(cfg.replace(scale_decoder_output=True)).apply(params, src, tgt)
     assert_close(np.asarray(scaled), plain * cfg.d_model**-0.5, rtol=1e-13, what="scaled")
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_bare_encoder_in_both_twins(rng, per_layer):
+    """The "encoder" kind: the last hidden states (batch, len, d_model), padded rows
+    included, with the T5 switches; its params are the seq2seq model's source side."""
+    from flax_transformer import TransformerEncoder
+    from flax_transformer.interop.convert import torch_state_to_flax
+    from flax_transformer.spec.kinds import infer_model_kind
+
+    from .helpers import random_tokens
+
+    cfg = small_config(
+        positional="none",
+        relative_attention_buckets=8,
+        relative_attention_max_distance=7,
+        relative_attention_per_layer=per_layer,
+        norm_type="rms",
+        norm_first=True,
+        final_norm=True,
+        use_bias=False,
+        scale_attention_logits=False,
+        gated_ffn=True,
+        activation="gelu_tanh",
+        share_embeddings=True,
+        tgt_vocab_size=37,
+    )
+    torch_model = tr.TransformerEncoder(cfg).eval()
+    with torch.no_grad():
+        for name, param in torch_model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param))
+    state = tr.state_dict_to_numpy(torch_model)
+    assert infer_model_kind(state) == "encoder"
+    assert not any(k.startswith(("decoder", "lm_head", "tgt")) for k in state)
+    params = torch_state_to_flax(state, cfg, "encoder")
+    src = random_tokens(rng, 3, 12, cfg.src_vocab_size, (12, 5, 9), cfg.pad_id)
+    out = np.asarray(TransformerEncoder(cfg).apply(params, src))
+    assert out.shape == (3, 12, cfg.d_model)
+    with torch.no_grad():
+        expected = to_numpy(torch_model(torch.from_numpy(src)))
+    assert_close(out, expected, **F64, what=f"encoder hidden states (per_layer={per_layer})")

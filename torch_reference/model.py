@@ -363,34 +363,39 @@ class LogitsBias(nn.Module):
 
 
 class _EmbeddingsMixin(nn.Module):
-    def _init_embeddings(self, config: TransformerConfig, with_source: bool):
+    def _init_embeddings(
+        self, config: TransformerConfig, with_source: bool, with_target: bool = True
+    ):
         self.config = config
         if with_source and config.share_embeddings:
             self.shared_embed = nn.Embedding(config.src_vocab_size, config.d_model)
         else:
             if with_source:
                 self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
-            self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
+            if with_target:
+                self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
         if config.positional == "none":
             self.positions = None
         elif config.positional != "learned":
             self.positions = PositionalEncoding(config)
         elif with_source and config.separate_positions:  # one learned table per stack
             self.src_pos_embed = PositionalEncoding(config)
-            self.tgt_pos_embed = PositionalEncoding(config)
+            if with_target:
+                self.tgt_pos_embed = PositionalEncoding(config)
         else:
             self.pos_embed = PositionalEncoding(config)
         if config.embed_norm:
             if with_source:
                 self.src_embed_norm = _layer_norm(config)
-            self.tgt_embed_norm = _layer_norm(config)
+            if with_target:
+                self.tgt_embed_norm = _layer_norm(config)
         self.embed_dropout = nn.Dropout(config.dropout_rate)
         self.lm_head = (
             None
-            if config.tie_output
+            if config.tie_output or not with_target
             else nn.Linear(config.d_model, config.tgt_vocab_size, bias=config.lm_head_bias)
         )
-        if config.final_logits_bias:
+        if config.final_logits_bias and with_target:
             self.logits_bias = LogitsBias(config.tgt_vocab_size)
 
     # Properties, not attributes: an aliased nn.Module would appear twice in state_dict().
@@ -498,6 +503,25 @@ class TransformerLM(_EmbeddingsMixin):
         x = self._embed("tgt", tokens, positions=positions)
         relative = relative_positions(self.config, tokens.shape[1], positions)
         return self._output_logits(self.decoder(x, mask, relative))
+
+
+class TransformerEncoder(_EmbeddingsMixin):
+    """A bare encoder (model kind "encoder"): forward(src, src_mask=None, positions=None) ->
+    the last hidden states (batch, src_len, d_model)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self._init_embeddings(config, with_source=True, with_target=False)
+        self.encoder = Encoder(config)
+        self.to(TORCH_DTYPES[config.param_dtype])
+
+    def forward(self, src, src_mask=None, positions=None):
+        """src (batch, src_len) token ids -> (batch, src_len, d_model); src_mask defaults to
+        the source padding mask."""
+        if src_mask is None:
+            src_mask = make_padding_mask(src, self.config.pad_id)
+        relative = relative_positions(self.config, src.shape[1], positions)
+        return self.encoder(self._embed("src", src, positions=positions), src_mask, relative)
 
 
 def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

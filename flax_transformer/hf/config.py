@@ -50,8 +50,9 @@ __all__ = [
 
 
 def model_kind(hf_config: dict[str, Any]) -> str:
-    """The project's model kind for a config: "seq2seq" or "lm"."""
-    return family_for(hf_config.get("model_type")).kind
+    """The project's model kind for a config: "seq2seq", "lm" or "encoder" (a bare encoder),
+    from its family and architecture."""
+    return family_for(hf_config.get("model_type")).kind_for(hf_config)
 
 
 def _raise(where: str, model_type: str, problems: list[str]):
@@ -96,9 +97,11 @@ def hf_to_config(
     unknown = [a for a in listed if a not in family.architectures]
     if unknown:
         problems.append(f"architectures={unknown} (supported: {', '.join(family.architectures)})")
-    activation = hf_config.get("activation_function", family.default_activation)
+    activation = family.activation(hf_config)
     if isinstance(activation, str) and activation not in ACTIVATIONS:
-        problems.append(f"activation_function={activation!r} (supported: {', '.join(ACTIVATIONS)})")
+        problems.append(
+            f"{family.activation_key}={activation!r} (supported: {', '.join(ACTIVATIONS)})"
+        )
     fields = family.config_to_switches(hf_config, problems, warnings) if typed else {}
     if problems:
         _raise(where, model_type, problems)

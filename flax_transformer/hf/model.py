@@ -152,9 +152,15 @@ def load(path: str | Path, dtype: str = "float32") -> HFModel:
     path = Path(path)
     checkpoint = read_hf_dir(path)
     where = str(path / "config.json")
-    config, notes = hf_to_config(checkpoint.hf_config, dtype, where=where)  # every problem
+    family = family_for(checkpoint.hf_config.get("model_type"), where)
+    resolved = checkpoint.hf_config
+    if family.resolve_config is not None:
+        # As transformers reads it with these weights (T5: its defaults, the head's tying),
+        # from the values as typed.
+        resolved = family.resolved(check_hf_config(resolved, where), checkpoint.state)
+    config, notes = hf_to_config(resolved, dtype, where=where)  # every problem
     # As transformers types it (512.0 read as 512): the weights' shapes come from it too.
-    hf_config = check_hf_config(checkpoint.hf_config, where)
+    hf_config = check_hf_config(resolved, where)
     for note in notes:
         warnings.warn(f"{path}: {note}", stacklevel=2)
     kind = model_kind(hf_config)
@@ -178,6 +184,6 @@ def save(model: HFModel, path: str | Path) -> Path:
         raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
     model_type = model.hf_config.get("model_type")
     family_for(model_type, where="hf.save")  # UnsupportedConfigError (a ValueError) for others
-    state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model_type)
+    state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model.hf_config)
     hf_config = {**model.hf_config, "dtype": model.config.param_dtype}
     return write_hf_dir(path, hf_config, state, model.generation_config, model.source)

@@ -81,10 +81,20 @@ def _fused_regexes(family: Family) -> tuple[re.Pattern, re.Pattern]:
 
 def tied_groups(hf_config: Mapping[str, Any]) -> list[list[str]]:
     """Groups [source, *targets] of HF keys holding one tensor (transformers 5's
-    `_tied_weights_keys`, applied only when tie_word_embeddings is true)."""
-    if not hf_config.get("tie_word_embeddings", True):
+    `_tied_weights_keys`, applied only when tie_word_embeddings is true unless the family
+    decides alone: Family.ties_only_when_tied)."""
+    family = family_for(hf_config["model_type"])
+    if family.ties_only_when_tied and not hf_config.get("tie_word_embeddings", True):
         return []
-    return family_for(hf_config["model_type"]).tied_groups(hf_config)
+    return family.tied_groups(hf_config)
+
+
+def _family_config(hf_config: str | Mapping[str, Any]) -> tuple[Family, Mapping[str, Any]]:
+    """(the family, config.json) of a config.json, or of a bare model_type (a family whose
+    weight names do not depend on the config)."""
+    if isinstance(hf_config, str):
+        hf_config = {"model_type": hf_config}
+    return family_for(hf_config["model_type"]), hf_config
 
 
 # ----------------------------------------------------------------------------- HF -> canonical
@@ -132,9 +142,13 @@ def normalize_hf_state(
     return state
 
 
-def hf_to_canonical(state: Mapping[str, np.ndarray], model_type: str) -> dict[str, np.ndarray]:
-    """A normalized HF state (normalize_hf_state) -> {canonical torch key: array}."""
-    family = family_for(model_type)
+def hf_to_canonical(
+    state: Mapping[str, np.ndarray], hf_config: str | Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """A normalized HF state (normalize_hf_state) -> {canonical torch key: array}; `hf_config`
+    is config.json (or its model_type, where the names do not depend on the config)."""
+    family, hf_config = _family_config(hf_config)
+    renames = family.renames(hf_config)
     fused = family.fused_qkv
     fused_hf = _fused_regexes(family)[0] if fused else None
     canonical = {}
@@ -153,7 +167,7 @@ def hf_to_canonical(state: Mapping[str, np.ndarray], model_type: str) -> dict[st
                 target = fused.canonical_template.format(i=layer, name=name, p=leaf)
                 canonical[target] = piece
             continue
-        name = _rename(key, family.weight_renames)
+        name = _rename(key, renames)
         if name is None:  # check_hf_state reports these first, with every other problem
             raise ConversionError(f"no canonical name for Hugging Face tensor {key!r}")
         if family.transposed_keys is not None and family.transposed_keys.match(key):
@@ -163,13 +177,15 @@ def hf_to_canonical(state: Mapping[str, np.ndarray], model_type: str) -> dict[st
 
 
 # ----------------------------------------------------------------------------- canonical -> HF
-def canonical_to_hf(state: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+def canonical_to_hf(state: Mapping[str, Any], hf_config: str | Mapping[str, Any]) -> dict[str, Any]:
     """{canonical torch key: array} -> the HF state dict transformers' save_pretrained writes
-    (tied targets absent). Works on any arrays with .T / reshape / concatenate."""
-    family = family_for(model_type)
+    (tied targets absent). Works on any arrays with .T / reshape / concatenate. `hf_config` as
+    in hf_to_canonical."""
+    family, hf_config = _family_config(hf_config)
+    model_type = family.name
     fused = family.fused_qkv
     fused_canonical = _fused_regexes(family)[1] if fused else None
-    reverse = [(target, source) for source, target in family.weight_renames]
+    reverse = [(target, source) for source, target in family.renames(hf_config)]
     hf: dict[str, Any] = {}
     qkv: dict[tuple[str, str], dict[str, Any]] = {}
     for key, value in state.items():
@@ -194,16 +210,18 @@ def canonical_to_hf(state: Mapping[str, Any], model_type: str) -> dict[str, Any]
     return hf
 
 
-def expected_hf_shapes(canonical_shapes: Mapping[str, tuple[int, ...]], model_type: str):
+def expected_hf_shapes(
+    canonical_shapes: Mapping[str, tuple[int, ...]], hf_config: str | Mapping[str, Any]
+):
     """{HF key: shape} of the HF state a model with these canonical shapes has."""
     fake = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in canonical_shapes.items()}
-    return {k: tuple(np.shape(v)) for k, v in canonical_to_hf(fake, model_type).items()}
+    return {k: tuple(np.shape(v)) for k, v in canonical_to_hf(fake, hf_config).items()}
 
 
-def check_hf_state(state, canonical_shapes, model_type: str, where: str) -> None:
+def check_hf_state(state, canonical_shapes, hf_config: str | Mapping[str, Any], where: str):
     """One ConversionError naming every missing, unexpected or mis-shaped HF tensor."""
     found = {k: tuple(np.shape(v)) for k, v in state.items()}
-    check_tree(found, expected_hf_shapes(canonical_shapes, model_type), where, what="tensor")
+    check_tree(found, expected_hf_shapes(canonical_shapes, hf_config), where, what="tensor")
 
 
 def check_hf_weights(state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str) -> None:
@@ -246,7 +264,6 @@ def hf_state_to_params(
     """A Hugging Face state dict -> Flax params {'params': ...} of `config`'s model, in
     config.param_dtype. Strict: one ConversionError names every missing, unexpected or
     mis-shaped HF tensor."""
-    model_type = hf_config["model_type"]
     flax_shapes = {p: shape for p, (shape, _) in expected_param_shapes(config, kind).items()}
     canonical_shapes = {
         flax_path_to_torch_key(p): tuple(s[::-1]) if is_transposed(p) else tuple(s)
@@ -258,13 +275,16 @@ def hf_state_to_params(
 
     check_hf_weights(state, hf_config, where)
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
-    check_hf_state(state, canonical_shapes, model_type, where)
+    check_hf_state(state, canonical_shapes, hf_config, where)
     dtype = numpy_dtype(config.param_dtype)
-    canonical = {k: v.astype(dtype) for k, v in hf_to_canonical(state, model_type).items()}
+    canonical = {k: v.astype(dtype) for k, v in hf_to_canonical(state, hf_config).items()}
     return torch_state_to_params(canonical, flax_shapes, where)
 
 
-def params_to_hf_state(params: Mapping[str, Any], model_type: str) -> dict[str, np.ndarray]:
-    """Flax params -> the Hugging Face state dict save_pretrained would write for them."""
-    state = canonical_to_hf(flax_to_torch_state(params), model_type)
+def params_to_hf_state(
+    params: Mapping[str, Any], hf_config: str | Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """Flax params -> the Hugging Face state dict save_pretrained would write for them
+    (`hf_config`: config.json, or its model_type as in hf_to_canonical)."""
+    state = canonical_to_hf(flax_to_torch_state(params), hf_config)
     return {k: np.ascontiguousarray(v) for k, v in state.items()}

@@ -8,11 +8,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.nn.model import Transformer, TransformerLM
+from flax_transformer.nn.model import Transformer, TransformerEncoder, TransformerLM
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.kinds import INPUT_NAMES, LM, SEQ2SEQ, check_kind
+from flax_transformer.spec.kinds import ENCODER, INPUT_NAMES, LM, SEQ2SEQ, check_kind
 
-MODULES = {SEQ2SEQ: Transformer, LM: TransformerLM}
+MODULES = {SEQ2SEQ: Transformer, LM: TransformerLM, ENCODER: TransformerEncoder}
 
 
 def model_for(config: TransformerConfig, kind: str):
@@ -21,7 +21,7 @@ def model_for(config: TransformerConfig, kind: str):
 
 
 def kind_of(model) -> str:
-    """'seq2seq' or 'lm' for a model instance (subclasses included); TypeError for any other."""
+    """'seq2seq', 'lm' or 'encoder' for a model instance (subclasses included); TypeError for any other."""
     for kind, cls in MODULES.items():
         if isinstance(model, cls):
             return kind

@@ -1,4 +1,5 @@
-"""Encoder / decoder stacks and the two models: Transformer (seq2seq) and TransformerLM.
+"""Encoder / decoder stacks and the three models: Transformer (seq2seq), TransformerLM and the
+bare TransformerEncoder.
 
 Parameter names follow the canonical table in docs/architecture.md (Flax path
 a/layers_3/b/kernel <-> torch key a.layers.3.b.weight), so conversion is one rule.
@@ -191,7 +192,9 @@ class _EmbeddingsMixin:
         self.sow("intermediates", tag, x)
         return x
 
-    def _setup_positions(self, cfg: TransformerConfig, with_source: bool) -> None:
+    def _setup_positions(
+        self, cfg: TransformerConfig, with_source: bool, with_target: bool = True
+    ) -> None:
         # Learned positions own the param `pos_embed.weight` (or one table per stack,
         # src_pos_embed / tgt_pos_embed); sinusoidal ones hold no params; "none" adds nothing.
         if cfg.positional != "learned":
@@ -199,15 +202,19 @@ class _EmbeddingsMixin:
             self._positions = {"src": positions, "tgt": positions}
         elif with_source and cfg.separate_positions:
             self.src_pos_embed = PositionalEncoding(cfg)
-            self.tgt_pos_embed = PositionalEncoding(cfg)
-            self._positions = {"src": self.src_pos_embed, "tgt": self.tgt_pos_embed}
+            tables = {"src": self.src_pos_embed}
+            if with_target:
+                self.tgt_pos_embed = PositionalEncoding(cfg)
+                tables["tgt"] = self.tgt_pos_embed
+            self._positions = tables
         else:
             self.pos_embed = PositionalEncoding(cfg)
             self._positions = {"src": self.pos_embed, "tgt": self.pos_embed}
         self.embed_dropout = Dropout(cfg.dropout_rate)
-        self.decode_position = DecodePosition()
-        if cfg.final_logits_bias:
-            self.logits_bias = LogitsBias(cfg)
+        if with_target:  # a bare encoder neither decodes nor has logits
+            self.decode_position = DecodePosition()
+            if cfg.final_logits_bias:
+                self.logits_bias = LogitsBias(cfg)
 
     def _output_logits(self, embed: nn.Embed, x, decode: bool = False):
         if self.config.scale_decoder_output:
@@ -431,3 +438,42 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         relative = relative_positions(cfg, length, offset, positions, decode)
         x = self.decoder(x, mask, deterministic=deterministic, decode=decode, relative=relative)
         return self._output_logits(self.tgt_embed, x, decode)
+
+
+class TransformerEncoder(_EmbeddingsMixin, nn.Module):
+    """A bare encoder (model kind "encoder", e.g. a T5 encoder used as a text encoder):
+    `__call__(src) -> the last hidden states (batch, src_len, d_model)`, after the final norm.
+
+    Params as the seq2seq Transformer's source side: shared_embed (config.share_embeddings) or
+    src_embed, the position table(s) and src_embed_norm the config asks for, encoder. The
+    decoder fields of the config are ignored.
+    """
+
+    config: TransformerConfig
+
+    def setup(self):
+        cfg = self.config
+        if cfg.share_embeddings:
+            self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
+            self.src_embed_table = self.shared_embed
+        else:
+            self.src_embed = _embed_module(cfg, cfg.src_vocab_size)
+            self.src_embed_table = self.src_embed
+        self._setup_positions(cfg, with_source=True, with_target=False)
+        if cfg.embed_norm:
+            self.src_embed_norm = _embed_norm(cfg)
+        self.encoder = Encoder(cfg)
+
+    def __call__(self, src, *, src_mask=None, positions=None, deterministic: bool = True):
+        """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask (batch, 1,
+        1, src_len), True = real (default: the tokens that are not pad_id); positions (batch,
+        src_len): each token's position (default 0, 1, ...)."""
+        cfg = self.config
+        check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
+        if src_mask is None:
+            src_mask = make_padding_mask(src, cfg.pad_id)
+        check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
+        check_positions("positions", positions, src.shape)
+        x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
+        relative = relative_positions(cfg, src.shape[1], 0, positions, decode=False)
+        return self.encoder(x, src_mask, deterministic=deterministic, relative=relative)

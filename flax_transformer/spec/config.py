@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.files.atomic_io import atomic_write_text
-from flax_transformer.spec.kinds import LM, check_kind
+from flax_transformer.spec.kinds import ENCODER, LM, check_kind
 from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
@@ -257,9 +257,14 @@ def kind_problems(config: TransformerConfig, kind: str) -> list[str]:
     """What makes `config` unusable for a model of `kind` (empty: nothing). The config alone
     allows 0 layers (an encoder-only torch.nn port has no decoder, an LM no encoder); a model
     needs decoder layers (without them a seq2seq output ignores the source, and training fails
-    late looking for the decoder), and a seq2seq model encoder layers too."""
-    needed = ["num_decoder_layers"] + ([] if check_kind(kind) == LM else ["num_encoder_layers"])
-    what = "a decoder-only LM" if check_kind(kind) == LM else "a seq2seq model"
+    late looking for the decoder), a seq2seq model encoder layers too, a bare encoder (kind
+    "encoder") encoder layers only."""
+    kind = check_kind(kind)
+    needed = {
+        LM: ["num_decoder_layers"],
+        ENCODER: ["num_encoder_layers"],
+    }.get(kind, ["num_decoder_layers", "num_encoder_layers"])
+    what = {LM: "a decoder-only LM", ENCODER: "a bare encoder"}.get(kind, "a seq2seq model")
     return [
         f"{what} needs {name} >= 1, got {getattr(config, name)}"
         for name in needed

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-SEQ2SEQ, LM = "seq2seq", "lm"
-MODEL_KINDS = (SEQ2SEQ, LM)
+# encoder: a bare encoder (a T5 encoder as a text encoder): tokens -> last hidden states.
+SEQ2SEQ, LM, ENCODER = "seq2seq", "lm", "encoder"
+MODEL_KINDS = (SEQ2SEQ, LM, ENCODER)
 # The encoder-decoder kind was called "transformer" before 0.2; files and run.json written then
 # still say so, and code may still pass it: read as "seq2seq".
 OLD_NAMES = {"transformer": SEQ2SEQ}
@@ -23,16 +24,20 @@ def check_kind(kind: str) -> str:
 
 
 def infer_model_kind(keys) -> str:
-    """A state with an encoder or a source embedding is seq2seq; otherwise decoder-only."""
+    """A state with an encoder or a source embedding is seq2seq, or a bare encoder when it has
+    no decoder; otherwise decoder-only."""
+    source = decoder = False
     for key in keys:
         key = key if isinstance(key, str) else ".".join(key)
-        if key.startswith(("encoder", "src_embed", "shared_embed")):
-            return SEQ2SEQ
+        source = source or key.startswith(("encoder", "src_embed", "shared_embed"))
+        decoder = decoder or key.startswith(("decoder", "tgt_embed"))
+    if source:
+        return SEQ2SEQ if decoder else ENCODER
     return LM
 
 
 # The token arrays each kind takes, in call order: batch keys and positional model arguments.
-INPUT_NAMES = {SEQ2SEQ: ("src", "tgt_in"), LM: ("tgt_in",)}
+INPUT_NAMES = {SEQ2SEQ: ("src", "tgt_in"), LM: ("tgt_in",), ENCODER: ("src",)}
 
 
 def model_inputs(batch, kind: str) -> tuple:
@@ -46,4 +51,4 @@ def kind_of_batch(batch) -> str:
 
 
 # Each kind's class name, the same in both twins (flax_transformer.nn.model, torch_reference).
-CLASS_NAMES = {SEQ2SEQ: "Transformer", LM: "TransformerLM"}
+CLASS_NAMES = {SEQ2SEQ: "Transformer", LM: "TransformerLM", ENCODER: "TransformerEncoder"}

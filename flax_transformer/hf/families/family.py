@@ -47,7 +47,7 @@ class Family:
 
     # config.json "model_type" values it reads (the first is its name).
     model_types: tuple[str, ...]
-    kind: str  # this project's model kind: "seq2seq" | "lm" (spec/kinds.py)
+    kind: str  # this project's model kind: "seq2seq" | "lm" | "encoder" (spec/kinds.py)
     # config.json "architectures" whose weights it maps.
     architectures: tuple[str, ...]
     # Options a config must give (the others have transformers' defaults).
@@ -62,8 +62,9 @@ class Family:
     # training-only differences to `warnings`. hf/config.py adds what all families share.
     config_to_switches: Callable[[HFConfig, list[str], list[str]], dict[str, Any]]
     # (HF template, canonical template) pairs, read in both directions; {i} a layer index,
-    # {p} weight|bias.
-    weight_renames: tuple[tuple[str, str], ...]
+    # {p} weight|bias. Or a function of config.json giving them (when the names depend on
+    # the config: T5's gated or plain feed-forward).
+    weight_renames: tuple[tuple[str, str], ...] | Callable[[HFConfig], tuple[tuple[str, str], ...]]
     # The prefix of the base model's keys (absent when a base model, e.g. MarianModel, was saved).
     prefix: str
     # tied_groups(hf_config) -> [[source, *targets], ...]: HF keys holding one tensor when
@@ -92,11 +93,52 @@ class Family:
     field_types: Mapping[str, FieldType] = dataclasses.field(default_factory=dict)
     # (width, heads) config.json keys: the width must be divisible by the heads.
     width_and_heads: tuple[tuple[str, str], ...] = ()
+    # The kind of an architecture (config.json "architectures") whose kind is not `kind`
+    # (T5EncoderModel: "encoder"), as transformers' AutoModel picks the class from it.
+    architecture_kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # tied_groups apply only when tie_word_embeddings is true (False: the family's function
+    # decides alone; T5 ties its embeddings always and its head by the weights).
+    ties_only_when_tied: bool = True
+    # resolve_config(hf_config, state) -> config.json as transformers reads it together with
+    # these weights (T5: transformers' defaults for missing options, the head untied when the
+    # file holds an lm_head.weight of its own); None: as it is. hf.load applies it first.
+    resolve_config: Callable[[HFConfig, Mapping[str, np.ndarray]], dict] | None = None
+    # The config.json option naming the activation, and a function reading transformers'
+    # activation name from config.json (None: that option, else default_activation).
+    activation_key: str = "activation_function"
+    read_activation: Callable[[HFConfig], Any] | None = None
 
     @property
     def name(self) -> str:
         """The family's name: its first config.json model_type (e.g. "marian")."""
         return self.model_types[0]
+
+    def kind_for(self, hf_config: HFConfig) -> str:
+        """The model kind of this config: its first architecture's (architecture_kinds), else
+        the family's."""
+        architectures = hf_config.get("architectures") or []
+        for name in architectures if isinstance(architectures, list) else []:
+            if name in self.architecture_kinds:
+                return self.architecture_kinds[name]
+        return self.kind
+
+    def renames(self, hf_config: HFConfig) -> tuple[tuple[str, str], ...]:
+        """The (HF template, canonical template) pairs for this config."""
+        rules = self.weight_renames
+        return rules(hf_config) if callable(rules) else rules
+
+    def activation(self, hf_config: HFConfig):
+        """transformers' activation name (e.g. "gelu_new") of this config, as found in it (not
+        checked: hf/config.py checks it)."""
+        if self.read_activation is not None:
+            return self.read_activation(hf_config)
+        return hf_config.get(self.activation_key, self.default_activation)
+
+    def resolved(self, hf_config: HFConfig, state: Mapping[str, np.ndarray]) -> dict:
+        """config.json as transformers reads it with these weights (resolve_config)."""
+        if self.resolve_config is None:
+            return dict(hf_config)
+        return self.resolve_config(hf_config, state)
 
     def max_positions(self, hf_config: HFConfig) -> int | None:
         """The length of the model's position table, as config.json gives it."""
