@@ -21,7 +21,8 @@ def model_for(config: TransformerConfig, kind: str):
 
 
 def kind_of(model) -> str:
-    """'seq2seq', 'lm' or 'encoder' for a model instance (subclasses included); TypeError for any other."""
+    """'seq2seq', 'lm' or 'encoder' for a model instance (subclasses included); TypeError for
+    any other."""
     for kind, cls in MODULES.items():
         if isinstance(model, cls):
             return kind
