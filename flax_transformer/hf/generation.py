@@ -101,6 +101,11 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     implementation does not follow is an error naming it.
     """
     model, config = hf_model.module, hf_model.config
+    if hf_model.kind not in ("seq2seq", "lm"):
+        raise ValueError(
+            f"generate: a {hf_model.kind} model has no decoder to generate with (a bare "
+            "encoder: use forward or encoder_fn)"
+        )
     is_seq2seq = hf_model.kind == "seq2seq"
     ids = _token_array(input_ids, "input_ids")
     mask = None if attention_mask is None else _token_array(attention_mask, "attention_mask")

@@ -24,6 +24,7 @@ from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import DTYPES, TransformerConfig
+from flax_transformer.spec.kinds import ENCODER, SEQ2SEQ
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,7 +32,7 @@ class HFModel:
     """A loaded Hugging Face model: run it with `forward` / `generate` (transformers' argument
     names, numpy in and out), or use `.module` and `.variables` as any linen model."""
 
-    module: Any  # flax_transformer.nn.model.Transformer or TransformerLM
+    module: Any  # flax_transformer.nn.model.Transformer, TransformerLM or TransformerEncoder
     variables: dict[str, Any]  # {"params": ...}
     config: TransformerConfig
     hf_config: dict[str, Any]  # config.json, as read
@@ -40,8 +41,8 @@ class HFModel:
 
     @property
     def kind(self) -> str:
-        """This project's model kind of the checkpoint: "seq2seq" or "lm"."""
-        return model_kind(self.hf_config)  # the project's kind names: "seq2seq" | "lm"
+        """This project's model kind of the checkpoint: "seq2seq", "lm" or "encoder"."""
+        return model_kind(self.hf_config)
 
     @property
     def model_type(self) -> str:
@@ -72,16 +73,25 @@ class HFModel:
     def forward(
         self, input_ids, attention_mask=None, decoder_input_ids=None, position_ids=None
     ) -> np.ndarray:
-        """Logits (batch, len, vocab) as transformers' forward computes them.
+        """Logits (batch, len, vocab) as transformers' forward computes them; for a bare
+        encoder (kind "encoder": T5EncoderModel) the last hidden state (batch, len, d_model).
 
         seq2seq: `attention_mask` (batch, src_len) marks the real source tokens (None: all);
         `decoder_input_ids` (batch, tgt_len) are the decoder's inputs (None: for BART and
         mBART the source shifted right, as transformers does; Marian needs them). The decoder
         is causal. LM (GPT-2): `attention_mask` hides padded keys (a left-padded batch),
-        `position_ids` (batch, len) default to 0..len-1, as in transformers' forward.
+        `position_ids` (batch, len) default to 0..len-1, as in transformers' forward. Encoder:
+        `attention_mask` marks the real tokens (None: all).
         """
         input_ids = _token_array("input_ids", input_ids)
         mask = _key_mask(attention_mask, input_ids)  # (batch, 1, 1, len)
+        if self.kind == ENCODER:
+            if decoder_input_ids is not None or position_ids is not None:
+                raise ValueError(
+                    "a bare encoder takes input_ids and attention_mask only (no "
+                    "decoder_input_ids, no position_ids)"
+                )
+            return np.asarray(self._apply(self.variables, input_ids, src_mask=mask))
         if self.kind == "lm":
             if decoder_input_ids is not None:
                 raise ValueError("decoder_input_ids is for seq2seq models; GPT-2 takes input_ids")
@@ -113,6 +123,35 @@ class HFModel:
                 f"{self.model_type} needs decoder_input_ids (transformers builds none for it)"
             )
         return family.shift_right(input_ids, self.hf_config)
+
+    def encoder_fn(self, dtype: str | None = None):
+        """A function `encode(input_ids, attention_mask=None, params=None)` -> the encoder's
+        last hidden state (batch, len, d_model), written in JAX: jit it, vmap it, call it
+        inside your own model (a T5 text encoder inside a diffusion model). Works for a bare
+        encoder (kind "encoder") and for the encoder of a seq2seq model.
+
+        `attention_mask` (batch, len), nonzero on real tokens (None: every token is real, as
+        in transformers); `params`: the model's params (default: the loaded ones, closed over;
+        pass them to jit them as an argument rather than as constants, or to train them).
+        `dtype` (e.g. "bfloat16") computes in that dtype on the stored weights (RMS norm and
+        softmax statistics stay in float32); None: the dtype the model was loaded in.
+        """
+        if self.kind not in (ENCODER, SEQ2SEQ):
+            raise ValueError(f"encoder_fn needs a model with an encoder; this is a {self.kind}")
+        config = self.config if dtype is None else self.config.replace(dtype=dtype)
+        module = model_for(config, self.kind)
+        method = None if self.kind == ENCODER else "encode"
+        loaded = self.variables
+
+        def encode(input_ids, attention_mask=None, params=None):
+            input_ids = jnp.asarray(input_ids)
+            if attention_mask is None:
+                attention_mask = jnp.ones(input_ids.shape, bool)
+            mask = (jnp.asarray(attention_mask) != 0)[:, None, None, :]
+            variables = loaded if params is None else params
+            return module.apply(variables, input_ids, src_mask=mask, method=method)
+
+        return encode
 
     def generate(self, input_ids, attention_mask=None, **kwargs):
         """Token ids as transformers' generate returns them (see flax_transformer.hf.generation)."""

@@ -14,8 +14,9 @@ from flax_transformer.hf.families.family import Family, FusedQKV, UnsupportedCon
 from flax_transformer.hf.families.gpt2 import GPT2
 from flax_transformer.hf.families.marian import MARIAN
 from flax_transformer.hf.families.mbart import MBART
+from flax_transformer.hf.families.t5 import T5
 
-FAMILIES: tuple[Family, ...] = (MARIAN, BART, MBART, GPT2)
+FAMILIES: tuple[Family, ...] = (MARIAN, BART, MBART, GPT2, T5)
 _BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 MODEL_TYPES: tuple[str, ...] = tuple(_BY_MODEL_TYPE)
 if len(MODEL_TYPES) != sum(len(f.model_types) for f in FAMILIES):
