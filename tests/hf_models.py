@@ -6,6 +6,7 @@ Sizes keep d_model, d_ff and the vocabulary apart (a wrong transpose is a shape 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +159,133 @@ def logits_pair(model_type: str, torch_model, hf_dir: Path, dtype: str, seed: in
         torch_args = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in args.items()}
         hf_logits = reference(**torch_args).logits.numpy()
     return flax_logits[valid], hf_logits[valid]
+
+
+# ----------------------------------------------------------------------------- T5 family
+T5_VOCAB, T5_PAD, T5_EOS = 40, 0, 1  # T5's specials: <pad> 0, </s> 1, <unk> 2
+# Heads of width 6: 3 x 6 = 18 != d_model 16 (as flan-t5-small's 6 x 64 != 512). 8 buckets up to
+# distance 10: log-spaced from distance 2 (encoder) / 4 (decoder), all reached by 20 tokens.
+T5_SIZES = dict(
+    vocab_size=T5_VOCAB,
+    d_model=16,
+    d_kv=6,
+    d_ff=24,
+    num_layers=2,
+    num_heads=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=10,
+    dropout_rate=0.0,
+    pad_token_id=T5_PAD,
+    eos_token_id=T5_EOS,
+    decoder_start_token_id=T5_PAD,
+)
+# name: (transformers class, config class, config changes, own lm_head)
+T5_MODELS = {
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(num_decoder_layers=3), False),
+    "t5_v1_1": (
+        "T5ForConditionalGeneration",
+        "T5Config",
+        dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+        True,
+    ),
+    "mt5": ("MT5ForConditionalGeneration", "MT5Config", {}, True),
+    "umt5": ("UMT5ForConditionalGeneration", "UMT5Config", {}, False),
+    "t5_encoder": ("T5EncoderModel", "T5Config", dict(feed_forward_proj="gated-gelu"), False),
+    "mt5_encoder": ("MT5EncoderModel", "MT5Config", {}, False),
+    "umt5_encoder": ("UMT5EncoderModel", "UMT5Config", {}, False),
+}
+
+
+def t5_batch(rng: np.random.Generator, lengths, vocab: int = T5_VOCAB):
+    """(input_ids, attention_mask) right-padded with T5's pad 0; ids in [3, vocab)."""
+    return ragged_batch(rng, vocab + 4, lengths, low=3, pad=T5_PAD)
+
+
+def build_t5(name: str, seed: int = 0, steps: int = 40):
+    """A tiny transformers T5-family model trained `steps` Adam steps (so its outputs depend on
+    the input and generation is not degenerate): seq2seq models learn to reverse their input
+    (then </s>), encoders to predict the next input token through the shared table. The models
+    with their own head (v1.1, mT5) get an lm_head separate from `shared`, as the released
+    checkpoints have. Returned in eval mode, float32."""
+    import transformers
+
+    cls_name, config_name, changes, own_head = T5_MODELS[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_name)(**{**T5_SIZES, **changes})
+    model = getattr(transformers, cls_name)(config)
+    if own_head:
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    rng = np.random.default_rng(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend (35 s instead of 1 s)
+    try:
+        _train_t5(model, optimizer, rng, steps, encoder="Encoder" in cls_name)
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def _train_t5(model, optimizer, rng, steps: int, encoder: bool) -> None:
+    for _ in range(steps):
+        ids, mask = t5_batch(rng, rng.integers(3, 12, size=16))
+        inputs = dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+        if encoder:
+            hidden = model(**inputs).last_hidden_state
+            logits = hidden @ model.shared.weight.T
+            target = np.where(np.roll(mask, -1, 1) == 1, np.roll(ids, -1, 1), -100)
+            target[:, -1] = -100
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, T5_VOCAB), torch.from_numpy(target).reshape(-1)
+            )
+        else:
+            labels = np.full((len(ids), ids.shape[1] + 1), -100)
+            for row, n in enumerate(mask.sum(1)):
+                labels[row, : n + 1] = [*ids[row, :n][::-1], T5_EOS]
+            loss = model(**inputs, labels=torch.from_numpy(labels)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@contextlib.contextmanager
+def t5_norms_in_input_dtype():
+    """transformers' T5 / mT5 / UMT5 layer norms computing the variance in the input's dtype
+    (they take it in float32 even in a float64 model, ~3e-7 relative noise in the logits): the
+    float64 formula, which this project computes."""
+    from transformers.models.mt5 import modeling_mt5
+    from transformers.models.t5 import modeling_t5
+    from transformers.models.umt5 import modeling_umt5
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    classes = (modeling_t5.T5LayerNorm, modeling_mt5.MT5LayerNorm, modeling_umt5.UMT5LayerNorm)
+    saved = [cls.forward for cls in classes]
+    for cls in classes:
+        cls.forward = forward
+    try:
+        yield
+    finally:
+        for cls, original in zip(classes, saved, strict=True):
+            cls.forward = original
+
+
+def t5_tokenizer():
+    """A word-level tokenizer with T5's specials (</s> appended to every text), as
+    transformers' PreTrainedTokenizerFast: T5's own needs a sentencepiece model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": T5_PAD, "</s>": T5_EOS, "<unk>": 2}
+    vocab.update({word: i + 3 for i, word in enumerate(WORDS[: T5_VOCAB - 3])})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", T5_EOS)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )

@@ -25,7 +25,7 @@ from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
 from flax_transformer.hf.tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.spec.config import config_diff
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.spec.kinds import LM, SEQ2SEQ, check_kind
 from flax_transformer.training import run_dir as layout
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import enable_x64_for, load_run
@@ -50,8 +50,10 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
             "needs its tokenizer"
         )
     cfg = model.config
-    kind = LM if model.kind == "lm" else SEQ2SEQ
-    first = cfg.bos_id if kind == LM else cfg.decoder_start_id
+    kind = check_kind(model.kind)
+    # The decoder's first token: an LM's bos, a seq2seq model's decoder start; a bare encoder
+    # decodes nothing (its tokenizer's bos is the pad id, never used).
+    first = {LM: cfg.bos_id, SEQ2SEQ: cfg.decoder_start_id}.get(kind, cfg.pad_id)
     if first is None or cfg.eos_id is None:
         what = "bos_token_id" if kind == LM else "decoder_start_token_id"
         raise ValueError(f"{hf_dir}/config.json: a run needs {what} and eos_token_id")
