@@ -151,29 +151,41 @@ def _generate_both(torch_model, flax_model, ids, mask, **kwargs):
     return ours, theirs
 
 
+GREEDY = {}
+BEAMS = {
+    f"beam4_lp{lp}": dict(num_beams=4, length_penalty=lp, early_stopping=True) for lp in (1.0, 0.6)
+}
+SEARCHES = {"greedy": GREEDY, **BEAMS}
+# The fast suite: v1.1, greedy and one beam setting; the rest is slow.
+FAST_SEARCHES = {("t5_v1_1", "greedy"), ("t5_v1_1", "beam4_lp0.6")}
+
+
 @pytest.mark.parametrize(
-    "name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in SEQ2SEQ]
+    "name, search",
+    [
+        (n, s) if (n, s) in FAST_SEARCHES else pytest.param(n, s, marks=pytest.mark.slow)
+        for n in SEQ2SEQ
+        for s in SEARCHES
+    ],
 )
-def test_greedy_and_beam_token_identical(models, name):
+def test_greedy_and_beam_token_identical(models, name, search):
     """Greedy, and beam 4 with length penalty 1.0 and 0.6 and early stopping, max_new_tokens;
     float64 both sides (the same formula). The trained models reverse their input and stop:
     rows end at different steps."""
     torch_model, path = models[name]
     ids, mask, _ = inputs(seed=1)
     ids, mask = ids[:, :14], mask[:, :14]
-    beams = [dict(num_beams=4, length_penalty=lp, early_stopping=True) for lp in (1.0, 0.6)]
+    options = SEARCHES[search]
     with jax.enable_x64(True), t5_norms_in_input_dtype():
         flax_model = hf.load(path, dtype="float64")
-        torch_model = torch_model.double()
-        for options in [{}, *beams]:
-            ours, theirs = _generate_both(
-                torch_model, flax_model, ids, mask, max_new_tokens=NEW, **options
-            )
-            assert ours.shape == theirs.shape, (options, ours.tolist(), theirs.tolist())
-            np.testing.assert_array_equal(ours, theirs, err_msg=str(options))
-            assert (ours[:, 0] == T5_PAD).all()  # decoding starts with the pad id
-            ended = (ours[:, 1:] == T5_EOS).any(1)
-            assert ended.any(), (name, options, ours.tolist())  # not degenerate
+        ours, theirs = _generate_both(
+            torch_model.double(), flax_model, ids, mask, max_new_tokens=NEW, **options
+        )
+    assert ours.shape == theirs.shape, (ours.tolist(), theirs.tolist())
+    np.testing.assert_array_equal(ours, theirs)
+    assert (ours[:, 0] == T5_PAD).all()  # decoding starts with the pad id
+    ended = (ours[:, 1:] == T5_EOS).any(1)
+    assert ended.any(), ours.tolist()  # not degenerate: the trained model stops
 
 
 @pytest.mark.parametrize(
