@@ -19,18 +19,22 @@ from flax_transformer.spec.kinds import MODEL_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "flax_transformer" / "hf"
-FAMILY_MODULES = {"marian", "bart", "mbart", "gpt2"}
+FAMILY_MODULES = {"marian", "bart", "mbart", "gpt2", "t5"}
 
 
-def test_the_registry_lists_exactly_the_four_families():
-    assert [f.name for f in FAMILIES] == ["marian", "bart", "mbart", "gpt2"]
-    assert set(MODEL_TYPES) == FAMILY_MODULES
+def test_the_registry_lists_exactly_the_five_families():
+    assert [f.name for f in FAMILIES] == ["marian", "bart", "mbart", "gpt2", "t5"]
+    assert set(MODEL_TYPES) == FAMILY_MODULES | {"mt5", "umt5"}  # T5's family reads all three
     for model_type in MODEL_TYPES:
         family = family_for(model_type)
         assert model_type in family.model_types
         assert sum(model_type in f.model_types for f in FAMILIES) == 1
         assert family.kind in MODEL_KINDS
-    assert [f.kind for f in FAMILIES] == ["seq2seq", "seq2seq", "seq2seq", "lm"]
+    assert [f.kind for f in FAMILIES] == ["seq2seq", "seq2seq", "seq2seq", "lm", "seq2seq"]
+    t5 = family_for("t5")  # its bare encoders are the kind "encoder", by architecture
+    assert t5.kind_for({"architectures": ["UMT5EncoderModel"]}) == "encoder"
+    assert t5.kind_for({"architectures": ["MT5ForConditionalGeneration"]}) == "seq2seq"
+    assert all(k in MODEL_KINDS for k in t5.architecture_kinds.values())
 
 
 def test_one_module_per_family_each_holding_its_family():
@@ -44,12 +48,12 @@ def test_one_module_per_family_each_holding_its_family():
 
 
 def test_an_unknown_model_type_names_the_supported_ones_and_where():
-    for bad in ("t5", None, 3):
+    for bad in ("t5x", None, 3):
         with pytest.raises(UnsupportedConfigError) as err:
             family_for(bad, where="x/config.json")
         assert str(err.value) == (
             f"x/config.json: model_type {bad!r} is not supported "
-            "(supported: marian, bart, mbart, gpt2)"
+            "(supported: marian, bart, mbart, gpt2, t5, mt5, umt5)"
         )
     assert hf_config_module.UnsupportedConfigError is UnsupportedConfigError  # one class
 
