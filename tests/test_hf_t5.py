@@ -243,6 +243,7 @@ def test_encoder_fn_is_jittable_and_runs_in_bfloat16(models):
 
 
 def test_import_export_round_trip_of_a_t5_and_an_encoder(models, tmp_path):
+    from flax_transformer.decoding import cli as generate_cli
     from flax_transformer.hf.__main__ import main as hf_main
     from flax_transformer.training.run_dir import read_run_json
 
@@ -256,6 +257,10 @@ def test_import_export_round_trip_of_a_t5_and_an_encoder(models, tmp_path):
         run = tmp_path / f"{name}_run"
         assert hf_main(["import", str(source), str(run)]) == 0
         assert read_run_json(run)["model"] == ("encoder" if "encoder" in name else "seq2seq")
+        if "encoder" in name:  # a bare encoder generates nothing: a clear refusal
+            (tmp_path / "in.txt").write_text("a b c\n")
+            argv = ["--workdir", str(run), "--input", str(tmp_path / "in.txt")]
+            assert generate_cli.main(argv) == 2
         assert hf_main(["export", str(run), str(tmp_path / f"{name}_out")]) == 0
         before = load_file(str(path / "model.safetensors"))
         after = load_file(str(tmp_path / f"{name}_out" / "model.safetensors"))

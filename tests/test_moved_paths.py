@@ -51,7 +51,7 @@ def test_an_unknown_name_on_an_old_path_is_an_attribute_error():
 def test_the_kind_has_one_name_and_old_files_still_read():
     from flax_transformer.spec.kinds import MODEL_KINDS, check_kind
 
-    assert MODEL_KINDS == ("seq2seq", "lm")
+    assert MODEL_KINDS == ("seq2seq", "lm", "encoder")
     assert check_kind("transformer") == "seq2seq"  # what runs and files before 0.2 recorded
 
 

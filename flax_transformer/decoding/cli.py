@@ -31,7 +31,7 @@ import numpy as np
 from flax_transformer.cli.flags import flag_type
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line, split_lines
-from flax_transformer.spec.kinds import LM
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.spec.validate import SEED, Float, Int
 
 BUCKET = 16  # source/prompt widths are rounded up to a multiple of this: fewer compilations
@@ -314,6 +314,13 @@ def main(argv: list[str] | None = None) -> int:
         run = load_run(args.workdir, args.checkpoint)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
+        return 2
+    if run.model_kind not in (LM, SEQ2SEQ):
+        print(
+            f"error: {args.workdir} holds a bare {run.model_kind} (no decoder): nothing to "
+            "generate with",
+            file=sys.stderr,
+        )
         return 2
     generator = Generator(run, args)
     if args.int8:  # int8 matrices in memory, dequantised inside the jitted decoder
