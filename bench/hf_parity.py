@@ -2,7 +2,8 @@
 
     python -m bench.hf_parity [--json OUT]
 
-Builds the tiny random Marian / BART / mBART / GPT-2 models of tests/hf_models.py (transformers'
+Builds the tiny random Marian / BART / mBART / GPT-2 models and the briefly trained T5-family
+models of tests/hf_models.py (transformers'
 classes, saved with save_pretrained to a temporary directory, nothing downloaded) and measures,
 on the tests' ragged batches, the relative error max|flax - hf| / max|hf| of the logits in
 float64 (both sides double) and in float32: the same measurement tests/test_hf_load.py asserts
@@ -29,6 +30,18 @@ SWITCHES = {
     "mbart": "as bart + pre-LN with final LayerNorms, scaled embeddings",
     "gpt2": "gelu_new, tied head, pre-LN + ln_f, left-padded batch with attention_mask",
 }
+# The T5 family (tests/hf_models.T5_MODELS, trained briefly): float64 against transformers with
+# its norms computing the variance in float64 (it takes it in float32 even in float64).
+T5_SWITCHES = {
+    "t5": "RMS norm, relative bias shared by the layers, relu, unscaled logits, no biases, "
+    "output scaled before the tied head, 3 decoder layers over 2",
+    "t5_v1_1": "gated gelu_new, its own lm_head, heads of d_kv 6 (3 x 6 != d_model 16)",
+    "mt5": "as v1.1, never scaled",
+    "umt5": "one relative bias per layer",
+    "t5_encoder": "T5EncoderModel: the last hidden state",
+    "mt5_encoder": "MT5EncoderModel",
+    "umt5_encoder": "UMT5EncoderModel",
+}
 
 
 def measure() -> list[dict]:
@@ -42,6 +55,17 @@ def measure() -> list[dict]:
                 pair = hf_models.logits_pair(model_type, torch_model, path, "float64")
             row["float64_rel_err"] = error_stats(*pair)[1]
             pair = hf_models.logits_pair(model_type, torch_model, path, "float32")
+            row["float32_rel_err"] = error_stats(*pair)[1]
+            rows.append(row)
+        for name, switches in T5_SWITCHES.items():
+            torch_model = hf_models.build_t5(name)
+            path = Path(tmp) / name
+            torch_model.save_pretrained(path)
+            row = {"model_type": name, "switches": switches}
+            with jax.enable_x64(True):
+                pair = hf_models.t5_outputs_pair(name, torch_model, path, "float64")
+            row["float64_rel_err"] = error_stats(*pair)[1]
+            pair = hf_models.t5_outputs_pair(name, torch_model, path, "float32")
             row["float32_rel_err"] = error_stats(*pair)[1]
             rows.append(row)
     return rows

@@ -289,3 +289,31 @@ def t5_tokenizer():
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
+
+
+def t5_outputs_pair(name: str, torch_model, hf_dir: Path, dtype: str, seed: int = 0):
+    """(ours, transformers') logits, or last hidden states for a bare encoder, of a padded batch
+    of 20, 7 and 13 tokens (decoder inputs of 9 from the pad id). float64: transformers' norms
+    computing in float64 (t5_norms_in_input_dtype), both sides double; the caller enables x64."""
+    from flax_transformer import hf
+
+    rng = np.random.default_rng(seed)
+    ids, mask = t5_batch(rng, (20, 7, 13))
+    decoder = rng.integers(3, T5_VOCAB, size=(3, 9))
+    decoder[:, 0] = T5_PAD
+    encoder = "Encoder" in T5_MODELS[name][0]
+    args = dict(input_ids=ids, attention_mask=mask)
+    if not encoder:
+        args["decoder_input_ids"] = decoder
+    with contextlib.ExitStack() as stack:
+        if dtype == "float64":
+            stack.enter_context(t5_norms_in_input_dtype())
+            reference = torch_model.double()
+        else:
+            reference = torch_model.float()
+        model = hf.load(hf_dir, dtype=dtype)
+        with torch.no_grad():
+            out = reference(**{k: torch.from_numpy(v) for k, v in args.items()})
+        ours = model.forward(**args)
+    theirs = out.last_hidden_state if encoder else out.logits
+    return ours, theirs.numpy()

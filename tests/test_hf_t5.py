@@ -60,19 +60,6 @@ def inputs(seed: int = 0):
     return ids, mask, decoder
 
 
-def outputs(name, torch_model, flax_model, dtype):
-    """(ours, transformers') logits, or last hidden states for a bare encoder."""
-    ids, mask, decoder = inputs()
-    reference = torch_model.double() if dtype == "float64" else torch_model.float()
-    args = dict(input_ids=ids, attention_mask=mask)
-    if name not in ENCODERS:
-        args["decoder_input_ids"] = decoder
-    with torch.no_grad():
-        out = reference(**{k: torch.from_numpy(v) for k, v in args.items()})
-    theirs = out.last_hidden_state if name in ENCODERS else out.logits
-    return flax_model.forward(**args), theirs.numpy()
-
-
 @pytest.mark.parametrize(
     "name",
     [
@@ -82,18 +69,21 @@ def outputs(name, torch_model, flax_model, dtype):
 )
 def test_float64_outputs_equal_the_float64_formula(models, name):
     torch_model, path = models[name]
-    with jax.enable_x64(True), t5_norms_in_input_dtype():
-        flax_model = hf.load(path, dtype="float64")
-        ours, theirs = outputs(name, torch_model, flax_model, "float64")
-    assert flax_model.kind == ("encoder" if name in ENCODERS else "seq2seq")
-    assert ours.shape == theirs.shape
+    with jax.enable_x64(True):
+        ours, theirs = hf_models.t5_outputs_pair(name, torch_model, path, "float64")
+    assert hf.load(path).kind == ("encoder" if name in ENCODERS else "seq2seq")
+    batch, length = len(LENGTHS), max(LENGTHS)
+    if name in ENCODERS:
+        assert ours.shape == theirs.shape == (batch, length, 16)
+    else:
+        assert ours.shape == theirs.shape == (batch, 9, hf_models.T5_VOCAB)
     assert_close(ours, theirs, rtol=1e-12, what=f"{name} float64")
 
 
 @pytest.mark.parametrize("name", ["t5_v1_1", "umt5_encoder"])
 def test_float32_outputs_equal_transformers_as_it_is(models, name):
     torch_model, path = models[name]
-    ours, theirs = outputs(name, torch_model, hf.load(path), "float32")
+    ours, theirs = hf_models.t5_outputs_pair(name, torch_model, path, "float32")
     assert_close(ours, theirs, rtol=1e-5, what=f"{name} float32")
 
 
