@@ -1,6 +1,12 @@
-"""Generation speed of an imported opus-mt-size Marian model: this project against transformers.
+"""Generation speed of an imported opus-mt-size Marian model (or a t5-small-size T5): this
+project against transformers.
 
-    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick]
+    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--model marian|t5|t5-gated]
+
+--model t5: a random T5 of t5-small size (transformers' T5Config: d_model 512, 8 heads of 64,
+6+6 layers, d_ff 2048, vocab 32128, relu, relative position bias, the head tied and the output
+scaled); t5-gated: the same with v1.1's gated gelu_new feed-forward and a head of its own
+(Flan-T5's layout). The rest as for Marian below (decoding starts from the pad id 0; EOS 1).
 
 A random Marian model of opus-mt size (transformers' MarianConfig: d_model 512, 8 heads, 6+6
 layers, d_ff 2048, vocab 58101, swish, shared and tied embeddings; generation_config.json as
@@ -45,6 +51,16 @@ OPUS_MT = dict(
     decoder_start_token_id=58100, activation_function="swish", scale_embedding=True,
     share_encoder_decoder_embeddings=True,
 )  # fmt: skip
+T5_SMALL = dict(
+    vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
+    num_heads=8, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+    dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+)  # fmt: skip
+T5_TINY = dict(
+    T5_SMALL, vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1,
+    num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+)  # fmt: skip
+MODELS = ("marian", "t5", "t5-gated")
 TINY = dict(
     OPUS_MT, vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -58,10 +74,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (smoke test)")
+    parser.add_argument(
+        "--model", choices=MODELS, default="marian", help="default: an opus-mt-size Marian"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
+
+
+def make_t5_checkpoint(directory: Path, sizes: dict, gated: bool) -> None:
+    """A random T5 (gated: v1.1's feed-forward and a head of its own), saved with
+    save_pretrained; generation from the pad id 0 to EOS 1."""
+    import torch
+    from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    changes = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if gated else {}
+    model = T5ForConditionalGeneration(T5Config(**sizes, **changes))
+    if gated:  # Flan-T5's layout: an lm_head of its own
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.05)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, max_length=512
+    )
+    model.save_pretrained(directory)
 
 
 def make_checkpoint(directory: Path, sizes: dict) -> None:
@@ -79,9 +115,18 @@ def make_checkpoint(directory: Path, sizes: dict) -> None:
     model.save_pretrained(directory)
 
 
-def roofline_weights(sizes: dict) -> tuple[int, int]:
+def roofline_weights(sizes: dict, model: str = "marian") -> tuple[int, int]:
     """(parameters read once per step, their matmul parameters): every decoder weight except
-    the cross-attention key/value maps, plus the output projection and logits bias."""
+    the cross-attention key/value maps, plus the output projection and logits bias. T5: no
+    biases, RMS norms (d each), heads of d_kv, two input projections when gated."""
+    if model != "marian":
+        d, ff, vocab = sizes["d_model"], sizes["d_ff"], sizes["vocab_size"]
+        inner, layers = sizes["num_heads"] * sizes["d_kv"], sizes["num_decoder_layers"]
+        inputs = 2 if model == "t5-gated" else 1
+        matmul_per_layer = 6 * d * inner + (inputs + 1) * d * ff
+        bias_table = sizes["relative_attention_num_buckets"] * sizes["num_heads"]
+        params = layers * (matmul_per_layer + 3 * d) + bias_table + d + vocab * d
+        return params, layers * matmul_per_layer + vocab * d
     d, ff, vocab = sizes["d_model"], sizes["decoder_ffn_dim"], sizes["vocab_size"]
     layers = sizes["decoder_layers"]
     linear = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731
@@ -90,10 +135,14 @@ def roofline_weights(sizes: dict) -> tuple[int, int]:
     return layers * per_layer + vocab * d + vocab, layers * matmul_per_layer + vocab * d
 
 
-def step_flops(sizes: dict, rows: int, src_len: int, cache_len: int) -> float:
+def step_flops(
+    sizes: dict, rows: int, src_len: int, cache_len: int, model: str = "marian"
+) -> float:
     """Matmul FLOPs of one decoding step for `rows` sequences (attention included)."""
-    _, matmul_params = roofline_weights(sizes)
-    attention = sizes["decoder_layers"] * 2 * 2 * sizes["d_model"] * (cache_len + src_len)
+    _, matmul_params = roofline_weights(sizes, model)
+    layers = sizes["decoder_layers" if model == "marian" else "num_decoder_layers"]
+    width = sizes["d_model"] if model == "marian" else sizes["num_heads"] * sizes["d_kv"]
+    attention = layers * 2 * 2 * width * (cache_len + src_len)
     return 2.0 * rows * matmul_params + rows * attention
 
 
@@ -120,12 +169,16 @@ def run(args, argv: list[str]) -> dict:
     import jax
     import torch
     import transformers
-    from transformers import MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM
 
     from bench.train_throughput import best_gemm_gflops
     from flax_transformer import hf
 
-    sizes = TINY if args.quick else OPUS_MT
+    t5 = args.model != "marian"
+    if t5:
+        sizes = T5_TINY if args.quick else T5_SMALL
+    else:
+        sizes = TINY if args.quick else OPUS_MT
     src_len, new_tokens = (8, 4) if args.quick else (32, 64)
     cells = [(1, 1), (1, 4), (8, 1), (8, 4)] if not args.quick else [(1, 1), (2, 2)]
     transformers.logging.set_verbosity_error()  # its max_length vs max_new_tokens notice
@@ -133,9 +186,12 @@ def run(args, argv: list[str]) -> dict:
     torch.set_num_threads(threads)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        make_checkpoint(Path(tmp), sizes)
+        if t5:
+            make_t5_checkpoint(Path(tmp), sizes, gated=args.model == "t5-gated")
+        else:
+            make_checkpoint(Path(tmp), sizes)
         flax_model = hf.load(tmp)
-        torch_model = MarianMTModel.from_pretrained(tmp).eval()
+        torch_model = AutoModelForSeq2SeqLM.from_pretrained(tmp).eval()
     rng = np.random.default_rng(0)
     sources = rng.integers(1, sizes["vocab_size"] - 1, (max(b for b, _ in cells), src_len))
 
@@ -178,12 +234,12 @@ def run(args, argv: list[str]) -> dict:
 
     bandwidth = matvec_bandwidth(5 if args.quick else 20)
     gemm = best_gemm_gflops(256 if args.quick else 2048, 3 if args.quick else 5)["jax"]
-    weight_bytes = roofline_weights(sizes)[0] * 4
+    weight_bytes = roofline_weights(sizes, args.model)[0] * 4
     result_cells = []
     for batch, beams in cells:
         step_seconds = max(
             weight_bytes / (bandwidth * 1e9),
-            step_flops(sizes, batch * beams, src_len, 1 + new_tokens) / (gemm * 1e9),
+            step_flops(sizes, batch * beams, src_len, 1 + new_tokens, args.model) / (gemm * 1e9),
         )
         seconds = {side: statistics.median(times[(batch, beams)][side]) for side in ("flax", "hf")}
         result_cells.append(
@@ -213,7 +269,12 @@ def run(args, argv: list[str]) -> dict:
         "rounds": args.rounds,
         "src_len": src_len,
         "new_tokens": new_tokens,
-        "model": "tiny Marian (--quick)" if args.quick else "opus-mt-size Marian, random",
+        "model": {
+            "marian": "opus-mt-size Marian, random",
+            "t5": "t5-small-size T5 (relu, tied head), random",
+            "t5-gated": "t5-small-size T5 v1.1 (gated gelu_new, own head), random",
+        }[args.model]
+        + (" (--quick: tiny)" if args.quick else ""),
     }
     return {"cells": result_cells, "machine": machine}
 

@@ -28,6 +28,26 @@ def test_quick_run_writes_the_report(tmp_path, capsys):
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["t5", "t5-gated"])
+def test_quick_t5_run_gives_the_same_tokens(tmp_path, model):
+    out = tmp_path / "hf_generate.json"
+    argv = ["--quick", "--rounds", "1", "--model", model, "--json", str(out)]
+    assert hf_generate.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert all(cell["same_tokens"] is True for cell in result["cells"])
+    assert "T5" in result["machine"]["model"]
+
+
+def test_t5_small_roofline_weights():
+    """t5-small's decoder: 6 x (6 d^2 + 2 d d_ff + 3 d) + 32 x 8 + d + the head 32128 x d."""
+    params, matmul = hf_generate.roofline_weights(hf_generate.T5_SMALL, "t5")
+    assert matmul == 6 * (6 * 512 * 512 + 2 * 512 * 2048) + 32128 * 512
+    assert params == matmul + 6 * 3 * 512 + 32 * 8 + 512
+    gated, _ = hf_generate.roofline_weights(hf_generate.T5_SMALL, "t5-gated")
+    assert gated - params == 6 * 512 * 2048  # wi_1
+
+
 def test_roofline_weights_are_the_issue_s_207_mb():
     """Every decoder and output weight of opus-mt size, cross-attention keys/values excluded."""
     params, matmul = hf_generate.roofline_weights(hf_generate.OPUS_MT)

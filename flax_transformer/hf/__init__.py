@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints (Marian, BART, mBART, GPT-2) in JAX: load, run, generate, save.
+"""Hugging Face checkpoints (Marian, BART, mBART, GPT-2, T5 / mT5 / UMT5 and their bare
+encoders) in JAX: load, run, generate, save.
 
     from flax_transformer import hf
 
@@ -10,9 +11,11 @@
 `load(path, dtype="float32") -> HFModel` reads config.json, the weights (safetensors, or
 pytorch_model.bin with torch.load(weights_only=True)), generation_config.json and the tokenizer
 files with numpy and safetensors; the weights are checked strictly. `HFModel` holds `.module`
-(the linen Transformer / TransformerLM), `.variables`, `.config` (the TransformerConfig),
+(the linen Transformer / TransformerLM / TransformerEncoder), `.variables`, `.config` (the
+TransformerConfig),
 `.hf_config`, `.generation_config`, `.tokenizer` (transformers' AutoTokenizer, loaded lazily,
-None without tokenizer files or without transformers) and `.kind` ("seq2seq" | "lm").
+None without tokenizer files or without transformers) and `.kind` ("seq2seq" | "lm" |
+"encoder"); `.encoder_fn()` gives the encoder as a jittable JAX function.
 `HFModel.generate(input_ids, attention_mask=None, **kwargs)` calls
 `flax_transformer.hf.generation.generate(model, input_ids, attention_mask=..., **kwargs)`,
 imported on first use.

@@ -179,8 +179,9 @@ def _key_mask(attention_mask, input_ids: np.ndarray) -> np.ndarray:
 
 
 def load(path: str | Path, dtype: str = "float32") -> HFModel:
-    """A save_pretrained directory (marian, bart, mbart, gpt2) as an HFModel whose weights are
-    cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g. parity checks)."""
+    """A save_pretrained directory (marian, bart, mbart, gpt2, t5, mt5, umt5) as an HFModel
+    whose weights are cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g.
+    parity checks)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if dtype == "float64" and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
