@@ -273,3 +273,52 @@ def test_bad_t5_configs_name_the_option():
         hf_to_config({**base, "architectures": ["T5Model"]})
     config, _ = hf_to_config({**base, "architectures": ["T5EncoderModel"]})
     assert config.num_decoder_layers == 0 and config.max_len == 512
+
+
+@pytest.mark.slow
+def test_fine_tune_with_init_from_then_export_to_transformers(models, tmp_path):
+    """A v1.1 import -> train.py --init-from, 10 steps on a tiny TSV (packed rows: the relative
+    bias from per-token positions) -> export -> transformers loads it strictly and gives the
+    fine-tuned Flax model's logits (float32, 1e-5)."""
+    import random
+
+    from transformers import T5ForConditionalGeneration
+
+    from flax_transformer.cli import train
+    from flax_transformer.hf.__main__ import main as hf_main
+    from flax_transformer.training.run import load_run
+
+    _, path = models["t5_v1_1"]
+    source = tmp_path / "hf"
+    source.mkdir()
+    for file in path.iterdir():
+        (source / file.name).write_bytes(file.read_bytes())
+    hf_models.t5_tokenizer().save_pretrained(source)
+    run_dir = tmp_path / "run"
+    assert hf_main(["import", str(source), str(run_dir)]) == 0
+    rng = random.Random(0)
+    lines = []
+    for _ in range(40):
+        words = rng.choices(hf_models.WORDS[:20], k=rng.randint(2, 5))
+        lines.append(" ".join(words) + "\t" + " ".join(reversed(words)))
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:36]) + "\n")
+    (tmp_path / "valid.tsv").write_text("\n".join(lines[36:]) + "\n")
+    workdir = tmp_path / "tuned"
+    argv = ["--init-from", run_dir, "--train-tsv", tmp_path / "train.tsv", "--valid-tsv",
+            tmp_path / "valid.tsv", "--workdir", workdir, "--steps", 10, "--batch-size", 8,
+            "--warmup", 2, "--lr", 3e-3, "--eval-every", 10, "--save-every", 10]  # fmt: skip
+    assert train.main([str(a) for a in argv]) == 0
+    tuned = load_run(workdir)
+    moved = [
+        float(np.abs(a - b).max())
+        for a, b in zip(
+            jax.tree.leaves(tuned.params), jax.tree.leaves(load_run(run_dir).params), strict=True
+        )
+    ]
+    assert max(moved) > 1e-3  # it trained
+    out = tmp_path / "out"
+    assert hf_main(["export", str(workdir), str(out)]) == 0
+    reloaded, info = T5ForConditionalGeneration.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    ours, theirs = hf_models.t5_outputs_pair("t5_v1_1", reloaded.eval(), out, "float32")
+    assert_close(ours, theirs, rtol=1e-5, what="fine-tuned T5 v1.1 logits")
