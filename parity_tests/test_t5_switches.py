@@ -155,12 +155,18 @@ def test_decoder_output_scaling_changes_only_the_scale(rng):
     head (no bias), the logits shrink by exactly that factor."""
     from flax_transformer import Transformer
 
-    cfg = small_config(tie_output=True, share_embeddings=True, tgt_vocab_size=37)
+    cfg = small_config(
+        tie_output=True,
+        share_embeddings=True,
+        tgt_vocab_size=37,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     src = rng.integers(1, 37, (2, 7))
     tgt = rng.integers(1, 37, (2, 5))
     params = jax.jit(Transformer(cfg).init)(jax.random.key(0), src, tgt)
-    plain = np.asarray(Transformer(cfg).apply(params, src, tgt))
-    scaled = Transformer(cfg.replace(scale_decoder_output=True)).apply(params, src, tgt)
+    plain = np.asarray(jax.jit(Transformer(cfg).apply)(params, src, tgt))
+    scaled = jax.jit(Transformer(cfg.replace(scale_decoder_output=True)).apply)(params, src, tgt)
     assert_close(np.asarray(scaled), plain * cfg.d_model**-0.5, rtol=1e-13, what="scaled")
 
 
