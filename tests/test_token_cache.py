@@ -291,3 +291,30 @@ def test_data_error_in_the_cache_pass_leaves_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"{path}:1: pair of" in err and "does not fit max_len 24" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.tsv"]  # no staging directory
+
+
+def test_a_tsv_corpus_validates_on_a_jsonl_file_and_the_formats_are_checked(tmp_path, capsys):
+    """Either validation format beside either corpus format; refused: two validation files,
+    a validation file without a corpus file, pairs to validate a language model."""
+    path = write_tsv(tmp_path / "c.tsv", 60)
+    valid = tmp_path / "v.jsonl"
+    valid.write_text("".join(json.dumps({"source": w, "target": w.upper()}) + "\n"
+                             for w in WORDS[:5]))  # fmt: skip
+    workdir = tmp_path / "run"
+    run(capsys, *TINY, "--train-tsv", path, "--valid-jsonl", valid, "--steps", "1",
+        "--workdir", workdir)  # fmt: skip
+    assert json.loads((workdir / "run.json").read_text())["valid_examples"] == 5
+    lm = tmp_path / "lm.jsonl"
+    lm.write_text('{"text": "hello"}\n{"text": "world"}\n')
+    refused = [
+        (["--train-tsv", path, "--valid-tsv", path, "--valid-jsonl", valid],
+         "choose one validation file, got --valid-tsv, --valid-jsonl"),
+        (["--task", "copy", "--valid-jsonl", valid],
+         "--valid-jsonl needs --train-tsv or --train-jsonl"),
+        (["--train-jsonl", lm, "--valid-tsv", path], "--valid-tsv holds translation pairs"),
+    ]  # fmt: skip
+    for flags, message in refused:
+        code = train.main([str(a) for a in [*flags, "--workdir", tmp_path / "no"]])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, err
+        assert not (tmp_path / "no").exists()
