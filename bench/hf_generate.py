@@ -45,6 +45,7 @@ OPUS_MT = dict(
     decoder_start_token_id=58100, activation_function="swish", scale_embedding=True,
     share_encoder_decoder_embeddings=True,
 )  # fmt: skip
+CT2_COMPUTE_TYPES = ("float32", "int8")
 TINY = dict(
     OPUS_MT, vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -58,6 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (smoke test)")
+    parser.add_argument(
+        "--no-ct2", dest="ct2", action="store_false", help="leave CTranslate2 out of the run"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -122,6 +126,7 @@ def run(args, argv: list[str]) -> dict:
     import transformers
     from transformers import MarianMTModel
 
+    from bench import ct2_peer
     from bench.train_throughput import best_gemm_gflops
     from flax_transformer import hf
 
@@ -132,10 +137,24 @@ def run(args, argv: list[str]) -> dict:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     load_start = os.getloadavg()
+    ct2_missing = None if args.ct2 else "CTranslate2 left out (--no-ct2)"
+    ct2_missing = ct2_missing or ct2_peer.missing()
+    if ct2_missing:
+        print(ct2_missing, file=sys.stderr, flush=True)
+    ct2_models = {}
     with tempfile.TemporaryDirectory() as tmp:
         make_checkpoint(Path(tmp), sizes)
         flax_model = hf.load(tmp)
         torch_model = MarianMTModel.from_pretrained(tmp).eval()
+        if not ct2_missing:
+            names = ct2_peer.token_names(
+                sizes["vocab_size"], sizes["eos_token_id"], sizes["pad_token_id"]
+            )
+            converted = ct2_peer.convert(tmp, Path(tmp) / "ct2", names)
+            for compute_type in CT2_COMPUTE_TYPES:  # the Translator reads the files on load
+                ct2_models[f"ct2_{compute_type}"] = ct2_peer.CT2Peer(
+                    converted, names, compute_type, threads
+                )
     rng = np.random.default_rng(0)
     sources = rng.integers(1, sizes["vocab_size"] - 1, (max(b for b, _ in cells), src_len))
 
@@ -146,6 +165,11 @@ def run(args, argv: list[str]) -> dict:
             min_new_tokens=new_tokens,
         )  # fmt: skip
 
+    ct2_sides = {
+        side: (lambda batch, beams, peer=peer: peer.generate(sources[:batch], beams, new_tokens))
+        for side, peer in ct2_models.items()
+    }
+
     def torch_call(batch, beams):
         ids = torch.as_tensor(sources[:batch])
         with torch.inference_mode():
@@ -155,23 +179,29 @@ def run(args, argv: list[str]) -> dict:
             )  # fmt: skip
         return out.numpy()
 
-    times = {cell: {"flax": [], "hf": []} for cell in cells}
+    sides = {"flax": flax_call, "hf": torch_call}
+    sides.update(ct2_sides)
+    times = {cell: {side: [] for side in sides} for cell in cells}
     same = {cell: True for cell in cells}
+    agree = {cell: {side: [] for side in ct2_sides} for cell in cells}
     for cell in cells:  # untimed: compilation (transformers has none; one short warm-up call)
         flax_call(*cell)
+        for call in ct2_sides.values():
+            call(*cell)
     torch_model.generate(torch.as_tensor(sources[:1]), max_new_tokens=2)
     for round_index in range(args.rounds):
         for cell in cells:
-            start = time.perf_counter()
-            ours = flax_call(*cell)
-            times[cell]["flax"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            theirs = torch_call(*cell)
-            times[cell]["hf"].append(time.perf_counter() - start)
-            same[cell] &= bool(np.array_equal(ours, theirs))
+            outputs = {}
+            for side, call in sides.items():
+                start = time.perf_counter()
+                outputs[side] = call(*cell)
+                times[cell][side].append(time.perf_counter() - start)
+            same[cell] &= bool(np.array_equal(outputs["flax"], outputs["hf"]))
+            for side in ct2_sides:
+                agree[cell][side].append(ct2_peer.agreement(outputs["hf"], outputs[side]))
+            timings = ", ".join(f"{side} {times[cell][side][-1]:.2f} s" for side in sides)
             print(
-                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: "
-                f"flax {times[cell]['flax'][-1]:.2f} s, transformers {times[cell]['hf'][-1]:.2f} s",
+                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: {timings}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -185,17 +215,14 @@ def run(args, argv: list[str]) -> dict:
             weight_bytes / (bandwidth * 1e9),
             step_flops(sizes, batch * beams, src_len, 1 + new_tokens) / (gemm * 1e9),
         )
-        seconds = {side: statistics.median(times[(batch, beams)][side]) for side in ("flax", "hf")}
-        result_cells.append(
-            {
-                "batch": batch,
-                "num_beams": beams,
-                "flax_tok_s": round(batch * new_tokens / seconds["flax"], 2),
-                "hf_tok_s": round(batch * new_tokens / seconds["hf"], 2),
-                "floor_tok_s": round(batch / step_seconds, 2),
-                "same_tokens": bool(same[(batch, beams)]),
-            }
-        )
+        cell = {"batch": batch, "num_beams": beams}
+        for side, samples in times[(batch, beams)].items():
+            cell[f"{side}_tok_s"] = round(batch * new_tokens / statistics.median(samples), 2)
+        cell["floor_tok_s"] = round(batch / step_seconds, 2)
+        cell["same_tokens"] = bool(same[(batch, beams)])
+        for side, shares in agree[(batch, beams)].items():
+            cell[f"{side}_agreement"] = round(min(shares), 4)
+        result_cells.append(cell)
     machine = {
         "command": " ".join(["python", "-m", "bench.hf_generate", *argv]),
         "platform": platform.platform(),
@@ -205,6 +232,10 @@ def run(args, argv: list[str]) -> dict:
         "jax_backend": jax.default_backend(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "cpu": ct2_peer.cpu_info(),
+        "ctranslate2": ct2_peer.version(),
+        "ctranslate2_skipped": ct2_missing,
+        "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
         "matvec_gb_s": round(bandwidth, 2),
@@ -218,21 +249,45 @@ def run(args, argv: list[str]) -> dict:
     return {"cells": result_cells, "machine": machine}
 
 
+def format_table(result: dict) -> str:
+    """The CPU line, the table (CTranslate2's columns when it ran) and what was skipped."""
+    from bench import ct2_peer
+
+    machine = result["machine"]
+    ct2 = "ct2_float32_tok_s" in result["cells"][0]
+    head = ["batch", "beams", "project tok/s", "transformers tok/s"]
+    if ct2:
+        head += ["CT2 f32 tok/s", "CT2 int8 tok/s"]
+    head += ["floor tok/s", "project / transformers", "same tokens"]
+    if ct2:
+        head += ["project / CT2 f32", "CT2 int8 / project", "CT2 f32 agree", "CT2 int8 agree"]
+    lines = [ct2_peer.describe_cpu(machine["cpu"])]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in result["cells"]:
+        row = [c["batch"], c["num_beams"], f"{c['flax_tok_s']:.1f}", f"{c['hf_tok_s']:.1f}"]
+        if ct2:
+            row += [f"{c['ct2_float32_tok_s']:.1f}", f"{c['ct2_int8_tok_s']:.1f}"]
+        row += [f"{c['floor_tok_s']:.1f}", f"{c['flax_tok_s'] / c['hf_tok_s']:.2f}x"]
+        row += ["yes" if c["same_tokens"] else "NO"]
+        if ct2:
+            row += [
+                f"{c['flax_tok_s'] / c['ct2_float32_tok_s']:.2f}x",
+                f"{c['ct2_int8_tok_s'] / c['flax_tok_s']:.2f}x",
+                f"{c['ct2_float32_agreement']:.1%}",
+                f"{c['ct2_int8_agreement']:.1%}",
+            ]
+        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+    if machine.get("ctranslate2_skipped"):
+        lines.append(machine["ctranslate2_skipped"])
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     result = run(args, argv)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        "| batch | beams | this project tok/s | transformers tok/s | floor tok/s | ratio | same |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for c in result["cells"]:
-        print(
-            f"| {c['batch']} | {c['num_beams']} | {c['flax_tok_s']:.1f} | {c['hf_tok_s']:.1f} | "
-            f"{c['floor_tok_s']:.1f} | {c['flax_tok_s'] / c['hf_tok_s']:.2f}x | "
-            f"{c['same_tokens']} |"
-        )
+    print(format_table(result))
     return 0
 
 
