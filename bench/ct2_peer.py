@@ -126,6 +126,26 @@ class CT2Peer:
         return out
 
 
+COMPUTE_TYPES = ("float32", "int8")
+
+
+def load_peers(
+    hf_dir: str | Path, sizes: dict, threads: int, wanted: bool = True
+) -> tuple[dict[str, CT2Peer], str | None]:
+    """({"ct2_float32": peer, "ct2_int8": peer}, None), or ({}, the line saying why not).
+
+    `hf_dir` is a save_pretrained Marian directory with the bench's `sizes`; the converted
+    model goes into `hf_dir`/ct2 (the Translators load it into memory)."""
+    why = None if wanted else "CTranslate2 left out (--no-ct2)"
+    why = why or missing()
+    if why:
+        return {}, why
+    names = token_names(sizes["vocab_size"], sizes["eos_token_id"], sizes["pad_token_id"])
+    converted = convert(hf_dir, Path(hf_dir) / "ct2", names)
+    peers = {f"ct2_{kind}": CT2Peer(converted, names, kind, threads) for kind in COMPUTE_TYPES}
+    return peers, None
+
+
 def agreement(reference: np.ndarray, new_tokens: np.ndarray) -> float:
     """Share of generated tokens equal to transformers' at the same position.
 

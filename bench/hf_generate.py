@@ -1,6 +1,7 @@
-"""Generation speed of an imported opus-mt-size Marian model: this project against transformers.
+"""Generation speed of an imported opus-mt-size Marian model: this project against transformers
+and CTranslate2.
 
-    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick]
+    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--no-ct2]
 
 A random Marian model of opus-mt size (transformers' MarianConfig: d_model 512, 8 heads, 6+6
 layers, d_ff 2048, vocab 58101, swish, shared and tied embeddings; generation_config.json as
@@ -14,6 +15,16 @@ transformers makes one short warm-up call; then every round times every cell on 
 turn (interleaved: a noisy neighbour slows both alike), and the medians are reported.
 tokens/s = batch * 64 / seconds per call. same_tokens: both returned the same token array in
 every timed round.
+
+CTranslate2 (optional: the `bench` extra; without it one line says so and its columns are left
+out) converts the same checkpoint with its own TransformersConverter (bench/ct2_peer.py) and
+runs it as two more sides of every round, compute_type float32 and int8, intra_threads = the
+CPU count, inter_threads 1: `translate_batch` with beam_size = num_beams and exactly 64 new
+tokens (min_decoding_length = max_decoding_length = 64). ct2_*_agreement: the share of its
+tokens equal to transformers' (the forced final EOS excluded), the lowest of the rounds.
+distinct_tokens: how many different new tokens transformers' output holds; a random model often
+repeats one token per row, and then token agreement says little.
+The CPU's model name and vector extensions (/proc/cpuinfo flags) are printed above the table.
 
 floor_tok_s, the roofline of the cell, per decoding step the larger of
 (a) the bytes of every decoder and output weight read once (cross-attention keys/values are
@@ -45,7 +56,6 @@ OPUS_MT = dict(
     decoder_start_token_id=58100, activation_function="swish", scale_embedding=True,
     share_encoder_decoder_embeddings=True,
 )  # fmt: skip
-CT2_COMPUTE_TYPES = ("float32", "int8")
 TINY = dict(
     OPUS_MT, vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -137,24 +147,13 @@ def run(args, argv: list[str]) -> dict:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     load_start = os.getloadavg()
-    ct2_missing = None if args.ct2 else "CTranslate2 left out (--no-ct2)"
-    ct2_missing = ct2_missing or ct2_peer.missing()
-    if ct2_missing:
-        print(ct2_missing, file=sys.stderr, flush=True)
-    ct2_models = {}
     with tempfile.TemporaryDirectory() as tmp:
         make_checkpoint(Path(tmp), sizes)
         flax_model = hf.load(tmp)
         torch_model = MarianMTModel.from_pretrained(tmp).eval()
-        if not ct2_missing:
-            names = ct2_peer.token_names(
-                sizes["vocab_size"], sizes["eos_token_id"], sizes["pad_token_id"]
-            )
-            converted = ct2_peer.convert(tmp, Path(tmp) / "ct2", names)
-            for compute_type in CT2_COMPUTE_TYPES:  # the Translator reads the files on load
-                ct2_models[f"ct2_{compute_type}"] = ct2_peer.CT2Peer(
-                    converted, names, compute_type, threads
-                )
+        ct2_models, ct2_missing = ct2_peer.load_peers(tmp, sizes, threads, wanted=args.ct2)
+    if ct2_missing:
+        print(ct2_missing, file=sys.stderr, flush=True)
     rng = np.random.default_rng(0)
     sources = rng.integers(1, sizes["vocab_size"] - 1, (max(b for b, _ in cells), src_len))
 
@@ -183,6 +182,7 @@ def run(args, argv: list[str]) -> dict:
     sides.update(ct2_sides)
     times = {cell: {side: [] for side in sides} for cell in cells}
     same = {cell: True for cell in cells}
+    distinct = {}  # distinct new tokens in transformers' output: 1 = every row repeats one token
     agree = {cell: {side: [] for side in ct2_sides} for cell in cells}
     for cell in cells:  # untimed: compilation (transformers has none; one short warm-up call)
         flax_call(*cell)
@@ -197,6 +197,7 @@ def run(args, argv: list[str]) -> dict:
                 outputs[side] = call(*cell)
                 times[cell][side].append(time.perf_counter() - start)
             same[cell] &= bool(np.array_equal(outputs["flax"], outputs["hf"]))
+            distinct[cell] = len(np.unique(outputs["hf"][:, 1:-1]))  # no start, no forced EOS
             for side in ct2_sides:
                 agree[cell][side].append(ct2_peer.agreement(outputs["hf"], outputs[side]))
             timings = ", ".join(f"{side} {times[cell][side][-1]:.2f} s" for side in sides)
@@ -220,6 +221,7 @@ def run(args, argv: list[str]) -> dict:
             cell[f"{side}_tok_s"] = round(batch * new_tokens / statistics.median(samples), 2)
         cell["floor_tok_s"] = round(batch / step_seconds, 2)
         cell["same_tokens"] = bool(same[(batch, beams)])
+        cell["distinct_tokens"] = distinct[(batch, beams)]
         for side, shares in agree[(batch, beams)].items():
             cell[f"{side}_agreement"] = round(min(shares), 4)
         result_cells.append(cell)
@@ -258,7 +260,7 @@ def format_table(result: dict) -> str:
     head = ["batch", "beams", "project tok/s", "transformers tok/s"]
     if ct2:
         head += ["CT2 f32 tok/s", "CT2 int8 tok/s"]
-    head += ["floor tok/s", "project / transformers", "same tokens"]
+    head += ["floor tok/s", "project / transformers", "same tokens", "distinct tokens"]
     if ct2:
         head += ["project / CT2 f32", "CT2 int8 / project", "CT2 f32 agree", "CT2 int8 agree"]
     lines = [ct2_peer.describe_cpu(machine["cpu"])]
@@ -268,7 +270,7 @@ def format_table(result: dict) -> str:
         if ct2:
             row += [f"{c['ct2_float32_tok_s']:.1f}", f"{c['ct2_int8_tok_s']:.1f}"]
         row += [f"{c['floor_tok_s']:.1f}", f"{c['flax_tok_s'] / c['hf_tok_s']:.2f}x"]
-        row += ["yes" if c["same_tokens"] else "NO"]
+        row += ["yes" if c["same_tokens"] else "NO", c.get("distinct_tokens", "-")]
         if ct2:
             row += [
                 f"{c['flax_tok_s'] / c['ct2_float32_tok_s']:.2f}x",
