@@ -200,11 +200,13 @@ def train_rows(args, device: str) -> list[dict]:
 def decode_cells(args, device: str) -> list[dict]:
     """bench.hf_generate's cells in bf16: tok/s per side and agreement with eager torch."""
     import torch
+    import transformers
     from transformers import MarianMTModel
 
     from bench.hf_generate import OPUS_MT, TINY, make_checkpoint
     from flax_transformer import hf
 
+    transformers.logging.set_verbosity_error()  # its max_length vs max_new_tokens notice
     sizes = TINY if args.tiny else OPUS_MT
     src_len, new_tokens = (8, 4) if args.tiny else (32, 64)
     cells = [(1, 1), (2, 2)] if args.tiny else [(1, 1), (1, 4), (8, 1), (8, 4)]
