@@ -65,6 +65,7 @@ GPU_TESTS = (
     "tests/test_training.py",
 )
 
+TESTS_TIMEOUT_S = 1800
 NO_GPU = "bench.gpu: no CUDA GPU here ({why}); this benchmark runs on a CUDA machine only"
 
 
@@ -101,7 +102,11 @@ def run_tests(skip: bool) -> dict:
     command = [sys.executable, "-m", "pytest", "-m", "not slow", "-n", "0", "-q"]
     command += ["-p", "no:cacheprovider", *GPU_TESTS]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"command": " ".join(command[1:]), "returncode": None,
+                "summary": f"timed out after {TESTS_TIMEOUT_S} s"}  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     return {
         "command": " ".join(command[1:]),
@@ -185,6 +190,9 @@ def format_summary(result: dict) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    # JAX and torch share the GPU in one process: JAX must not take 75% of its memory up front
+    # (read when JAX's backend starts, so before find_gpu; the tests' subprocess inherits it).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     seen, why_not = find_gpu()
     if why_not and not args.allow_cpu:
         print(NO_GPU.format(why=why_not), file=sys.stderr)

@@ -107,3 +107,13 @@ def test_allow_cpu_tiny_run_writes_the_json(tmp_path):
     assert [(c["batch"], c["num_beams"]) for c in result["decode"]] == [(1, 1), (2, 2)]
     for cell in result["decode"]:
         assert cell["flax_bf16_tok_s"] > 0 and cell["torch_sdpa_eager_agreement"] == 1.0
+
+
+@pytest.mark.slow  # a pytest subprocess (~10 s)
+def test_tests_part_records_the_outcome(monkeypatch):
+    monkeypatch.setattr(gpu, "GPU_TESTS", ("tests/test_release.py",))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    outcome = gpu.run_tests(skip=False)
+    assert outcome["returncode"] == 0 and " passed" in outcome["summary"], outcome
+    assert outcome["command"].endswith("tests/test_release.py") and outcome["seconds"] > 0
