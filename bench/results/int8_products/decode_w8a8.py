@@ -98,7 +98,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--min-rows", type=int, default=MIN_ROWS, help="pad fewer rows to this")
     args = parser.parse_args(argv)
+    globals()["MIN_ROWS"] = args.min_rows
     model_mod._tied_logits_one_row = tied_logits_one_row
     sizes = TINY if args.quick else OPUS_MT
     src_len, new_tokens = (8, 4) if args.quick else (32, 64)
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
         row["w8a8_same_as_f32"] = min(agree[(batch, beams)])
         rows.append(row)
     result = {"cells": rows, "ct2_skipped": why, "loadavg_end": os.getloadavg(),
-              "argv": argv or sys.argv[1:], "jax": jax.__version__}  # fmt: skip
+              "argv": argv or sys.argv[1:], "jax": jax.__version__,
+              "min_rows": MIN_ROWS}  # fmt: skip
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(
         "| batch | beams | project f32 | project w8a8 | CT2 int8 | w8a8 / f32 | w8a8 / CT2 int8 |"
