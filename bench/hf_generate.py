@@ -1,12 +1,14 @@
 """Generation speed of an imported opus-mt-size Marian model (or a t5-small-size T5): this
-project against transformers.
+project against transformers and CTranslate2.
 
-    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--model marian|t5|t5-gated]
+    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--no-ct2]
+        [--model marian|t5|t5-gated]
 
 --model t5: a random T5 of t5-small size (transformers' T5Config: d_model 512, 8 heads of 64,
 6+6 layers, d_ff 2048, vocab 32128, relu, relative position bias, the head tied and the output
 scaled); t5-gated: the same with v1.1's gated gelu_new feed-forward and a head of its own
-(Flan-T5's layout). The rest as for Marian below (decoding starts from the pad id 0; EOS 1).
+(Flan-T5's layout). The rest as for Marian below (decoding starts from the pad id 0; EOS 1),
+without CTranslate2 (its peer here is written for the Marian checkpoint).
 
 A random Marian model of opus-mt size (transformers' MarianConfig: d_model 512, 8 heads, 6+6
 layers, d_ff 2048, vocab 58101, swish, shared and tied embeddings; generation_config.json as
@@ -20,6 +22,16 @@ transformers makes one short warm-up call; then every round times every cell on 
 turn (interleaved: a noisy neighbour slows both alike), and the medians are reported.
 tokens/s = batch * 64 / seconds per call. same_tokens: both returned the same token array in
 every timed round.
+
+CTranslate2 (optional: the `bench` extra; without it one line says so and its columns are left
+out) converts the same checkpoint with its own TransformersConverter (bench/ct2_peer.py) and
+runs it as two more sides of every round, compute_type float32 and int8, intra_threads = the
+CPU count, inter_threads 1: `translate_batch` with beam_size = num_beams and exactly 64 new
+tokens (min_decoding_length = max_decoding_length = 64). ct2_*_agreement: the share of its
+tokens equal to transformers' (the forced final EOS excluded), the lowest of the rounds.
+distinct_tokens: how many different new tokens transformers' output holds; a random model often
+repeats one token per row, and then token agreement says little.
+The CPU's model name and vector extensions (/proc/cpuinfo flags) are printed above the table.
 
 floor_tok_s, the roofline of the cell, per decoding step the larger of
 (a) the bytes of every decoder and output weight read once (cross-attention keys/values are
@@ -74,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (smoke test)")
+    parser.add_argument(
+        "--no-ct2", dest="ct2", action="store_false", help="leave CTranslate2 out of the run"
+    )
     parser.add_argument(
         "--model", choices=MODELS, default="marian", help="default: an opus-mt-size Marian"
     )
@@ -171,6 +186,7 @@ def run(args, argv: list[str]) -> dict:
     import transformers
     from transformers import AutoModelForSeq2SeqLM
 
+    from bench import ct2_peer
     from bench.train_throughput import best_gemm_gflops
     from flax_transformer import hf
 
@@ -192,6 +208,12 @@ def run(args, argv: list[str]) -> dict:
             make_checkpoint(Path(tmp), sizes)
         flax_model = hf.load(tmp)
         torch_model = AutoModelForSeq2SeqLM.from_pretrained(tmp).eval()
+        if t5:  # the CTranslate2 peer is written for the Marian checkpoint
+            ct2_models, ct2_missing = {}, "CTranslate2 left out (a T5 model)"
+        else:
+            ct2_models, ct2_missing = ct2_peer.load_peers(tmp, sizes, threads, wanted=args.ct2)
+    if ct2_missing:
+        print(ct2_missing, file=sys.stderr, flush=True)
     rng = np.random.default_rng(0)
     sources = rng.integers(1, sizes["vocab_size"] - 1, (max(b for b, _ in cells), src_len))
 
@@ -202,6 +224,11 @@ def run(args, argv: list[str]) -> dict:
             min_new_tokens=new_tokens,
         )  # fmt: skip
 
+    ct2_sides = {
+        side: (lambda batch, beams, peer=peer: peer.generate(sources[:batch], beams, new_tokens))
+        for side, peer in ct2_models.items()
+    }
+
     def torch_call(batch, beams):
         ids = torch.as_tensor(sources[:batch])
         with torch.inference_mode():
@@ -211,23 +238,31 @@ def run(args, argv: list[str]) -> dict:
             )  # fmt: skip
         return out.numpy()
 
-    times = {cell: {"flax": [], "hf": []} for cell in cells}
+    sides = {"flax": flax_call, "hf": torch_call}
+    sides.update(ct2_sides)
+    times = {cell: {side: [] for side in sides} for cell in cells}
     same = {cell: True for cell in cells}
+    distinct = {}  # distinct new tokens in transformers' output: 1 = every row repeats one token
+    agree = {cell: {side: [] for side in ct2_sides} for cell in cells}
     for cell in cells:  # untimed: compilation (transformers has none; one short warm-up call)
         flax_call(*cell)
+        for call in ct2_sides.values():
+            call(*cell)
     torch_model.generate(torch.as_tensor(sources[:1]), max_new_tokens=2)
     for round_index in range(args.rounds):
         for cell in cells:
-            start = time.perf_counter()
-            ours = flax_call(*cell)
-            times[cell]["flax"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            theirs = torch_call(*cell)
-            times[cell]["hf"].append(time.perf_counter() - start)
-            same[cell] &= bool(np.array_equal(ours, theirs))
+            outputs = {}
+            for side, call in sides.items():
+                start = time.perf_counter()
+                outputs[side] = call(*cell)
+                times[cell][side].append(time.perf_counter() - start)
+            same[cell] &= bool(np.array_equal(outputs["flax"], outputs["hf"]))
+            distinct[cell] = len(np.unique(outputs["hf"][:, 1:-1]))  # no start, no forced EOS
+            for side in ct2_sides:
+                agree[cell][side].append(ct2_peer.agreement(outputs["hf"], outputs[side]))
+            timings = ", ".join(f"{side} {times[cell][side][-1]:.2f} s" for side in sides)
             print(
-                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: "
-                f"flax {times[cell]['flax'][-1]:.2f} s, transformers {times[cell]['hf'][-1]:.2f} s",
+                f"round {round_index + 1}/{args.rounds} batch {cell[0]} beams {cell[1]}: {timings}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -241,17 +276,15 @@ def run(args, argv: list[str]) -> dict:
             weight_bytes / (bandwidth * 1e9),
             step_flops(sizes, batch * beams, src_len, 1 + new_tokens, args.model) / (gemm * 1e9),
         )
-        seconds = {side: statistics.median(times[(batch, beams)][side]) for side in ("flax", "hf")}
-        result_cells.append(
-            {
-                "batch": batch,
-                "num_beams": beams,
-                "flax_tok_s": round(batch * new_tokens / seconds["flax"], 2),
-                "hf_tok_s": round(batch * new_tokens / seconds["hf"], 2),
-                "floor_tok_s": round(batch / step_seconds, 2),
-                "same_tokens": bool(same[(batch, beams)]),
-            }
-        )
+        cell = {"batch": batch, "num_beams": beams}
+        for side, samples in times[(batch, beams)].items():
+            cell[f"{side}_tok_s"] = round(batch * new_tokens / statistics.median(samples), 2)
+        cell["floor_tok_s"] = round(batch / step_seconds, 2)
+        cell["same_tokens"] = bool(same[(batch, beams)])
+        cell["distinct_tokens"] = distinct[(batch, beams)]
+        for side, shares in agree[(batch, beams)].items():
+            cell[f"{side}_agreement"] = round(min(shares), 4)
+        result_cells.append(cell)
     machine = {
         "command": " ".join(["python", "-m", "bench.hf_generate", *argv]),
         "platform": platform.platform(),
@@ -261,6 +294,10 @@ def run(args, argv: list[str]) -> dict:
         "jax_backend": jax.default_backend(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "cpu": ct2_peer.cpu_info(),
+        "ctranslate2": ct2_peer.version(),
+        "ctranslate2_skipped": ct2_missing,
+        "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
         "matvec_gb_s": round(bandwidth, 2),
@@ -279,21 +316,45 @@ def run(args, argv: list[str]) -> dict:
     return {"cells": result_cells, "machine": machine}
 
 
+def format_table(result: dict) -> str:
+    """The CPU line, the table (CTranslate2's columns when it ran) and what was skipped."""
+    from bench import ct2_peer
+
+    machine = result["machine"]
+    ct2 = "ct2_float32_tok_s" in result["cells"][0]
+    head = ["batch", "beams", "project tok/s", "transformers tok/s"]
+    if ct2:
+        head += ["CT2 f32 tok/s", "CT2 int8 tok/s"]
+    head += ["floor tok/s", "project / transformers", "same tokens", "distinct tokens"]
+    if ct2:
+        head += ["project / CT2 f32", "CT2 int8 / project", "CT2 f32 agree", "CT2 int8 agree"]
+    lines = [ct2_peer.describe_cpu(machine["cpu"])]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in result["cells"]:
+        row = [c["batch"], c["num_beams"], f"{c['flax_tok_s']:.1f}", f"{c['hf_tok_s']:.1f}"]
+        if ct2:
+            row += [f"{c['ct2_float32_tok_s']:.1f}", f"{c['ct2_int8_tok_s']:.1f}"]
+        row += [f"{c['floor_tok_s']:.1f}", f"{c['flax_tok_s'] / c['hf_tok_s']:.2f}x"]
+        row += ["yes" if c["same_tokens"] else "NO", c.get("distinct_tokens", "-")]
+        if ct2:
+            row += [
+                f"{c['flax_tok_s'] / c['ct2_float32_tok_s']:.2f}x",
+                f"{c['ct2_int8_tok_s'] / c['flax_tok_s']:.2f}x",
+                f"{c['ct2_float32_agreement']:.1%}",
+                f"{c['ct2_int8_agreement']:.1%}",
+            ]
+        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+    if machine.get("ctranslate2_skipped"):
+        lines.append(machine["ctranslate2_skipped"])
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     result = run(args, argv)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        "| batch | beams | this project tok/s | transformers tok/s | floor tok/s | ratio | same |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for c in result["cells"]:
-        print(
-            f"| {c['batch']} | {c['num_beams']} | {c['flax_tok_s']:.1f} | {c['hf_tok_s']:.1f} | "
-            f"{c['floor_tok_s']:.1f} | {c['flax_tok_s'] / c['hf_tok_s']:.2f}x | "
-            f"{c['same_tokens']} |"
-        )
+    print(format_table(result))
     return 0
 
 

@@ -34,6 +34,7 @@ from flax_transformer.nn.kinds import init_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind, model_inputs
 from flax_transformer.spec.naming import flatten_params, unflatten_params
+from flax_transformer.training.packing import batch_model_kwargs
 from flax_transformer.training.steps import loss_from_logits
 
 
@@ -144,7 +145,8 @@ def linen_params(model: nnx.Module) -> dict[str, Any]:
 def loss_fn(model: _Bridged, batch, *, label_smoothing: float = 0.0, deterministic: bool = True):
     """(mean loss over real target tokens, aux {"loss_sum", "token_count", "correct"}): the
     linen `training.steps.loss_fn`, with the NNX model in place of (params, module)."""
-    logits = model(*model_inputs(batch, model.kind), deterministic=deterministic)
+    packed = batch_model_kwargs(batch, model.kind, model.config)  # (a packed batch's masks)
+    logits = model(*model_inputs(batch, model.kind), deterministic=deterministic, **packed)
     return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
 
 

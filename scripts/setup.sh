@@ -12,4 +12,4 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,export]"
+.venv/bin/python -m pip install -q -e ".[dev,export,bench]"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import hf_generate
+from bench import ct2_peer, hf_generate
 
 
 @pytest.mark.slow
@@ -17,6 +17,10 @@ def test_quick_run_writes_the_report(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result) == {"cells", "machine"}
     keys = {"batch", "num_beams", "flax_tok_s", "hf_tok_s", "floor_tok_s", "same_tokens"}
+    keys |= {"distinct_tokens"}
+    if ct2_peer.missing() is None:  # CTranslate2's columns: tok/s and agreement, f32 and int8
+        keys |= {f"ct2_{kind}_{what}" for kind in ("float32", "int8")
+                 for what in ("tok_s", "agreement")}  # fmt: skip
     assert [(c["batch"], c["num_beams"]) for c in result["cells"]] == [(1, 1), (2, 2)]
     for cell in result["cells"]:
         assert set(cell) == keys

@@ -10,10 +10,13 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from flax_transformer.files.atomic_io import staged_directory
 from flax_transformer.hf.__main__ import main as hf_main
 from flax_transformer.interop.convert import save_torch_state
 
@@ -191,3 +194,24 @@ def test_training_past_a_real_file_size_limit_is_one_line(tmp_path):
     assert "stopping. Nothing was deleted" in line
     checkpoints = workdir / "checkpoints"
     assert not [p for p in checkpoints.iterdir() if "tmp" in p.name]
+
+
+def test_a_failed_staging_directory_stays_removed_when_a_late_writer_adds_to_it(tmp_path):
+    """The flake behind the import test above, under load: after a failed Orbax save its
+    tensorstore threads may still write into the staging directory while it is removed."""
+    out = tmp_path / "run"
+
+    def late_writer(staging):
+        time.sleep(0.03)  # after the first removal, as a still-running save thread would
+        (staging / "checkpoints" / "0").mkdir(parents=True, exist_ok=True)
+        (staging / "checkpoints" / "0" / "params").write_bytes(b"\0" * 10)
+
+    writers = []
+    with pytest.raises(OSError, match="disk full"):
+        with staged_directory(out) as staging:
+            (staging / "config.json").write_text("{}")
+            writers.append(threading.Thread(target=late_writer, args=(staging,)))
+            writers[0].start()
+            raise OSError(28, "disk full")
+    writers[0].join()
+    assert not out.exists() and leftovers(tmp_path) == []

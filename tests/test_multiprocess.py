@@ -65,8 +65,8 @@ def run(cmd, devices=None):
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def one_process(workdir, mesh, devices):
-    cmd = [sys.executable, "train.py", *ARGS, "--mesh", mesh, "--workdir", str(workdir)]
+def one_process(workdir, mesh, devices, flags=ARGS):
+    cmd = [sys.executable, "train.py", *flags, "--mesh", mesh, "--workdir", str(workdir)]
     result = run(cmd, devices)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -208,3 +208,24 @@ def test_a_dead_process_stops_the_other_and_resume_completes_the_run(two_process
     assert_same_params(two_processes[0], workdir, exact=True)
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [2, 4]
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_token_cache_in_token_batches_like_one_process(tmp_path):
+    """A JSONL corpus (the token cache, built by process 0 and read by both) in --batch-tokens
+    batches: batches differ in rows, and each process builds its block of every one."""
+    rng = np.random.default_rng(0)
+    with (tmp_path / "train.jsonl").open("w") as handle:
+        for _ in range(300):
+            word = "".join(rng.choice(list("abcdef"), size=rng.integers(1, 9)))
+            handle.write(json.dumps({"source": word, "target": word[::-1]}) + "\n")
+    flags = [a for a in ARGS[8:] if a not in ("--batch-size", "8")]
+    flags += ["--train-jsonl", str(tmp_path / "train.jsonl"), "--batch-tokens", "96"]
+    result = launched(tmp_path / "two", 2, *flags, "--mesh", "data=2")
+    assert "[0] --batch-tokens 96: " in result.stdout
+    one_process(tmp_path / "one", "data=2", devices=2, flags=flags)
+    assert_same_params(tmp_path / "one", tmp_path / "two")
+    assert_same_scores(tmp_path / "one", tmp_path / "two")
+    # Process 1 read process 0's cache: one cache, no staging directory left behind.
+    assert len(list((tmp_path / "two" / "token_cache").iterdir())) == 1
+    assert not list(tmp_path.glob(".token_cache.partial-*"))

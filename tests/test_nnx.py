@@ -21,9 +21,11 @@ from flax_transformer.spec.naming import flatten_params, unflatten_params
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.spec.presets import preset
 from flax_transformer.spec.tree_check import ConversionError
+from flax_transformer.training.data import Dataset
 from flax_transformer.training.optim import make_optimizer, make_schedule
+from flax_transformer.training.packing import pack_examples
 from flax_transformer.training.state import create_train_state
-from flax_transformer.training.steps import make_train_step
+from flax_transformer.training.steps import loss_fn, make_train_step
 
 KINDS = ["seq2seq", "lm"]
 STEPS = 3
@@ -113,6 +115,32 @@ def test_nnx_optimizer_steps_equal_linen_train_steps(kind):
         # The steps did train: the weights moved well past the tolerance.
         start, end = flatten_params(weights), flatten_params(state.params)
         assert max(np.max(np.abs(np.asarray(end[k]) - start[k])) for k in start) > 1e-3
+
+
+def packed_batch(kind):
+    """Five examples packed two to a row (--pack): segment ids and per-example positions."""
+    rng = np.random.default_rng(5)
+    lengths = [3, 2, 4, 2, 3]
+    tgt = [rng.integers(3, 44, n + 1).astype(np.int32) for n in lengths]
+    src = [rng.integers(3, 40, n).astype(np.int32) for n in lengths]
+    dataset = Dataset([t[:-1] for t in tgt], [t[1:] for t in tgt],
+                      src if kind == "seq2seq" else None, [])  # fmt: skip
+    return pack_examples(dataset, [[0, 1], [2, 3], [4]], rows=3, length=7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nnx_loss_keeps_packed_examples_apart_as_linen_does(kind):
+    with jax.enable_x64(True):
+        weights, batch = converted_weights(kind), packed_batch(kind)
+        model = ftnnx.model_for_nnx(config(), kind, rngs=nnx.Rngs(0), params=weights)
+        loss, aux = ftnnx.loss_fn(model, batch)
+        linen = model_for(config(), kind)
+        expected, expected_aux = loss_fn(weights["params"], batch, model=linen)
+        assert_close(loss, expected, atol=1e-12, what=f"{kind} packed loss")
+        assert_close(aux["correct"], expected_aux["correct"], atol=0, what="correct")
+        # The same rows without their segment ids (examples seeing each other) differ.
+        unpacked = {k: v for k, v in batch.items() if not k.endswith(("segments", "positions"))}
+        assert abs(float(ftnnx.loss_fn(model, unpacked)[0]) - float(expected)) > 1e-6
 
 
 def test_random_init_has_the_linen_tree_and_bad_weights_are_refused():

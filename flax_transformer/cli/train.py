@@ -131,29 +131,18 @@ def make_workdir(workdir: Path, lock: WorkdirLock | None = None) -> bool:
 
 
 def load_pairs(args, data):
-    """(model kind, train pairs, valid pairs) from the chosen source; `data`: DataOptions."""
-    from flax_transformer.spec.kinds import LM, SEQ2SEQ
-    from flax_transformer.training.data import generate_task, held_out, read_text_lines, read_tsv
+    """(model kind, train pairs, valid pairs) of a built-in task (`data`: DataOptions); the
+    corpus files go through cli/train_data.py's CorpusInput and the token cache."""
+    from flax_transformer.spec.kinds import SEQ2SEQ
+    from flax_transformer.training.data import generate_task, held_out
 
-    if args.train_tsv:
-        train = read_tsv(args.train_tsv)
-        valid = read_tsv(args.valid_tsv) if args.valid_tsv else None
-        kind = SEQ2SEQ
-    elif args.lm_text:
-        train = read_text_lines(args.lm_text)
-        valid = read_text_lines(args.lm_valid) if args.lm_valid else None
-        kind = LM
-    else:
-        lengths = (data.task_min_len, data.task_max_len)
-        train = generate_task(data.task, data.task_train_size, args.seed, *lengths)
-        # A different seed, and nothing seen in training: a true held-out set.
-        valid = held_out(
-            generate_task(data.task, data.task_valid_size, args.seed + 1_000_003, *lengths), train
-        )
-        return SEQ2SEQ, train, valid
-    if valid is None:
-        train, valid = split_off_validation(train, args.seed)
-    return kind, train, valid
+    lengths = (data.task_min_len, data.task_max_len)
+    train = generate_task(data.task, data.task_train_size, args.seed, *lengths)
+    # A different seed, and nothing seen in training: a true held-out set.
+    valid = held_out(
+        generate_task(data.task, data.task_valid_size, args.seed + 1_000_003, *lengths), train
+    )
+    return SEQ2SEQ, train, valid
 
 
 def split_off_validation(pairs, seed, fraction=0.05):

@@ -16,10 +16,11 @@ from flax_transformer.training.run_dir import TOKENIZER
 def corpus_source(args):
     """(format, training file, validation format, validation file or None) of the flags, or
     None for a built-in task."""
+    valid = ("jsonl", args.valid_jsonl) if args.valid_jsonl else ("tsv", args.valid_tsv)
     if args.train_tsv:
-        return "tsv", args.train_tsv, "tsv", args.valid_tsv
+        return "tsv", args.train_tsv, *valid  # (either validation format: check_args)
     if args.train_jsonl:
-        return "jsonl", args.train_jsonl, "jsonl", args.valid_jsonl
+        return "jsonl", args.train_jsonl, *valid
     if args.lm_text:
         return "text", args.lm_text, "text", args.lm_valid
     return None
@@ -43,7 +44,8 @@ class CorpusInput:
         import sys
 
         if self.valid_path:
-            self.valid_pairs = corpus.read_records(self.valid_path, self.valid_fmt, self._jkind)
+            valid_kind = self.kind if self.valid_fmt == "jsonl" else None
+            self.valid_pairs = corpus.read_records(self.valid_path, self.valid_fmt, valid_kind)
         if not scan:
             return
         bpe = self.args.tokenizer == "bpe" and not self.args.init_from

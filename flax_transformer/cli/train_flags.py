@@ -250,12 +250,9 @@ def check_args(args) -> None:
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
-    if args.valid_tsv and not args.train_tsv:
-        raise UsageError("--valid-tsv needs --train-tsv")
+    check_validation_file(args)
     if args.lm_valid and not args.lm_text:
         raise UsageError("--lm-valid needs --lm-text")
-    if args.valid_jsonl and not args.train_jsonl:
-        raise UsageError("--valid-jsonl needs --train-jsonl")
     if args.tokenizer == "bpe" and not (args.train_tsv or args.lm_text or args.train_jsonl):
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv, --train-jsonl or --lm-text)")
     if args.keep_best == "exact_match" and corpus_kind(args) == LM:
@@ -374,6 +371,25 @@ def default_workdir(args) -> Path:
     if args.lm_text:
         return Path("runs") / Path(args.lm_text).stem
     return Path("runs") / (args.task or DataOptions.task)
+
+
+def check_validation_file(args) -> None:
+    """--valid-tsv / --valid-jsonl: one of them, beside --train-tsv or --train-jsonl (either
+    format with either: a TSV corpus may be validated on a JSONL file and the other way round);
+    a TSV holds pairs, so not for a --train-jsonl of {"text"} records (an LM)."""
+    given = [f for f in ("valid_tsv", "valid_jsonl") if getattr(args, f, None)]
+    if not given:
+        return
+    names = ", ".join("--" + f.replace("_", "-") for f in given)
+    if len(given) > 1:
+        raise UsageError(f"choose one validation file, got {names}")
+    if not (args.train_tsv or args.train_jsonl):
+        raise UsageError(f"{names} needs --train-tsv or --train-jsonl")
+    if args.valid_tsv and corpus_kind(args) == LM:
+        raise UsageError(
+            f"--valid-tsv holds translation pairs; --train-jsonl {args.train_jsonl} holds "
+            '{"text"} records (a language model): give --valid-jsonl of {"text"} records'
+        )
 
 
 def corpus_kind(args) -> str:

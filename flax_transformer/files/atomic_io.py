@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def staged_directory(out: str | Path, force: bool = False, what="output") -> Ite
     try:
         yield staging
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
         raise
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -138,6 +139,18 @@ def staged_directory(out: str | Path, force: bool = False, what="output") -> Ite
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(out)
+
+
+def remove_tree(path: Path, settle: float = 0.1, attempts: int = 30) -> None:
+    """Delete `path` and make sure it stays deleted: after a failed Orbax save, tensorstore
+    threads of the same save may still be writing (and re-creating directories) while the tree
+    is removed, which left a half-written staging directory behind under load. Removes again
+    until the path has stayed absent for `settle` seconds (at most `attempts` times)."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(settle)
+        if not os.path.lexists(path):
+            return
 
 
 @contextlib.contextmanager

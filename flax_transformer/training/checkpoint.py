@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_transformer.files.atomic_io import remove_tree
 from flax_transformer.files.space import is_out_of_space
 from flax_transformer.training.checkpoint_files import damage, record_files, short_error
 from flax_transformer.training.distributed import is_primary
@@ -324,7 +324,7 @@ class Checkpointer:
             return []
         unfinished = [p for p in self.directory.iterdir() if TMP_SUFFIX in p.name]
         for path in unfinished:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)  # (outlasting tensorstore threads still writing into it)
         return unfinished
 
     def close(self) -> None:

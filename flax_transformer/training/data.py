@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import string
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -318,7 +319,8 @@ def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: 
     def stack(seqs):
         out = np.full((batch_size, length), pad_id, np.int32)
         for row, i in enumerate(indices):
-            out[row, : len(seqs[i])] = seqs[i]
+            tokens = seqs[i]  # (one read of an on-disk row)
+            out[row, : len(tokens)] = tokens
         return out
 
     batch = {"tgt_in": stack(dataset.tgt_in), "tgt_out": stack(dataset.tgt_out)}
@@ -361,6 +363,7 @@ class BatchLoader:
     def __init__(
         self, dataset: Dataset, batch_size: int, max_len: int, seed: int, pad_id=0, rows=None,
         batch_tokens: int | None = None, multiple: int = 1, pack: bool = False,
+        local_rows: Callable[[int], slice] | None = None,
     ):  # fmt: skip
         self.dataset, self.batch_size, self.max_len = dataset, batch_size, max_len
         self.seed, self.pad_id = seed, pad_id
@@ -368,6 +371,9 @@ class BatchLoader:
         # --batch-tokens: batches of at most that many (padded) tokens a side, `multiple` rows
         # at a time (training/token_batches.py); then batch_size and rows are not used.
         self.batch_tokens, self.multiple = batch_tokens, multiple
+        # ... and with several processes, `local_rows(rows)` is this process's block of a
+        # batch of `rows` rows (batches differ in rows, so the block differs too).
+        self.local_rows = local_rows
         # --pack: each batch is batch_size rows of max_len tokens, several examples a row
         # (training/packing.py); the plan holds each row's example indices.
         self.pack = pack
@@ -415,7 +421,11 @@ class BatchLoader:
         self.index += 1
         if self.batch_tokens is not None:  # (rows, indices): this bucket's row count
             rows, indices = indices
-            return make_batch(self.dataset, indices, length, rows, self.pad_id)
+            if self.local_rows is None:
+                return make_batch(self.dataset, indices, length, rows, self.pad_id)
+            block = self.local_rows(rows)
+            count = block.stop - block.start
+            return make_batch(self.dataset, indices[block], length, count, self.pad_id)
         rows = self.rows  # rows past the examples of a short batch are padding
         return make_batch(self.dataset, indices[rows], length, rows.stop - rows.start, self.pad_id)
 

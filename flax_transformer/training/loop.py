@@ -15,6 +15,7 @@ logged step instead (no carriage returns or escape codes in the log).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -156,10 +157,13 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     mesh = make_mesh(opt.mesh) if opt.mesh else None
     multi_process, primary = jax.process_count() > 1, is_primary()
     rows = local_batch_rows(mesh, opt.batch_size) if multi_process else None
-    multiple = token_batch_multiple(opt, mesh, multi_process)
+    multiple = token_batch_multiple(opt, mesh)
+    local_rows = None
+    if multi_process and opt.batch_tokens is not None:
+        local_rows = functools.partial(local_batch_rows, mesh)
     loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows,
-                         batch_tokens=opt.batch_tokens, multiple=multiple,
-                         pack=opt.pack)  # fmt: skip
+                         batch_tokens=opt.batch_tokens, multiple=multiple, pack=opt.pack,
+                         local_rows=local_rows)  # fmt: skip
     metrics_path = run_dir.metrics_path(workdir)
     resumed_at = 0
     if job.resume:
@@ -410,13 +414,11 @@ def eval_counts(job: Job, scores) -> dict[str, int]:
     return {"valid_examples": len(job.valid_set), "decoded_examples": decoded}
 
 
-def token_batch_multiple(opt: TrainOptions, mesh, multi_process: bool) -> int:
+def token_batch_multiple(opt: TrainOptions, mesh) -> int:
     """Rows of a --batch-tokens batch come in multiples of this: the micro-batches times the
-    mesh's data-parallel devices (so that every batch splits evenly)."""
+    mesh's data-parallel devices, over all processes (so that every batch splits evenly)."""
     if opt.batch_tokens is None:
         return 1
-    if multi_process:
-        raise ValueError("--batch-tokens with several processes is not supported yet")
     data = dict(mesh.shape).get("data", 1) if mesh is not None else 1
     return opt.grad_accum * data
 

@@ -112,6 +112,12 @@ def pack_examples(dataset, row_indices: list[list[int]], rows: int, length: int,
     return batch
 
 
+def batch_model_kwargs(batch, kind: str, config) -> dict:
+    """What a batch adds to the model call beyond its token arrays: for a packed batch the
+    masks and positions of packed_model_kwargs, else nothing (the model's own defaults)."""
+    return packed_model_kwargs(batch, kind, config) if is_packed(batch) else {}
+
+
 def packed_model_kwargs(batch, kind: str, config) -> dict:
     """The keyword arguments that make the model see each packed example alone: masks from the
     segment ids, per-example positions. Keys holding pad_id are hidden as the unpacked

@@ -29,7 +29,7 @@ torch_model.safetensors         torch_reference, people; safetensors
 results.json (RESULTS)          write_results (train) -> read_results, people; JSON
 token_cache/ (TOKEN_CACHE)      token_cache.build_cache, install_cache (train on a corpus
                                 file) -> the training set of the run and of --resume;
-                                int32/int64 numpy files read with np.memmap, meta.json
+                                int32/int64 numpy files read with os.pread, meta.json
 .lock (LOCK)                    lock_run_dir (train, for the whole run) -> a second train on
                                 the same workdir (refused); empty but for the holder's pid
 
@@ -119,7 +119,7 @@ LAYOUT = (
     Entry(RESULTS, "write_results (train)", "read_results, people",
           "JSON: scores, examples, paths"),
     Entry(TOKEN_CACHE + "/", "token_cache.build_cache (train)", "the run, --resume",
-          "numpy token files read with np.memmap, meta.json", "--train-tsv"),
+          "numpy token files read with os.pread, meta.json", "--train-tsv"),
     Entry(LOCK, "lock_run_dir (train)", "lock_run_dir: a second run on the workdir",
           "flock for the whole run; the holder's pid"),
 )  # fmt: skip

@@ -26,7 +26,7 @@ import optax
 
 from flax_transformer.nn.kinds import kind_of
 from flax_transformer.spec.kinds import model_inputs
-from flax_transformer.training.packing import is_packed, packed_model_kwargs
+from flax_transformer.training.packing import batch_model_kwargs
 from flax_transformer.training.state import TrainState
 
 
@@ -59,7 +59,7 @@ def compute_logits(model, params, batch, *, deterministic: bool = True, rngs=Non
     (and, for a packed batch, the masks and positions that keep its examples apart)."""
     kind = kind_of(model)
     inputs = model_inputs(batch, kind)
-    packed = packed_model_kwargs(batch, kind, model.config) if is_packed(batch) else {}
+    packed = batch_model_kwargs(batch, kind, model.config)
     return model.apply(
         {"params": params}, *inputs, deterministic=deterministic, rngs=rngs, **packed
     )

@@ -15,13 +15,13 @@ Format. One directory per (corpus, tokenizer, length policy), under the run dire
     meta.json    the key, the counts, the largest token id and the length-policy warning;
                  written last
 
-Why raw numpy files (read with np.memmap) rather than Arrow, HDF5 or one .npy per example:
-the loader needs random access to single rows (the epoch plan shuffles), a row is a slice of
-a memory map (no parsing, no copy until make_batch pads it), the OS page cache shares the
-pages between runs and drops them under pressure, the files can be written with sequential
-appends while streaming, and numpy is already a dependency. The resident memory of a run
-therefore does not grow with the corpus, apart from the per-example length array that
-plan_batches needs (a few bytes per example).
+Why raw numpy files (read with os.pread) rather than Arrow, HDF5 or one .npy per example:
+the loader needs random access to single rows (the epoch plan shuffles), a row is one
+positioned read (os.pread, no parsing; see ArrayFile for why not a memory map), the OS page
+cache shares the pages between runs and drops them under pressure, the files can be written
+with sequential appends while streaming, and numpy is already a dependency. The resident
+memory of a run therefore does not grow with the corpus, apart from the per-example length
+array that plan_batches needs (a few bytes per example).
 
 Key. The corpus file (resolved path, size, mtime), the sha256 of the tokenizer file exactly
 as the run directory stores it, max_len, on_long, the model kind, the format version and, when
@@ -67,11 +67,55 @@ POOL_MIN_BYTES = 8 << 20  # a smaller corpus is encoded in the parent (a pool co
 
 
 # ----------------------------------------------------------------------------- the dataset
-class RaggedTokens:
-    """A sequence of int32 rows stored end to end (`tokens`) with N + 1 `offsets`; `head` /
-    `tail` tokens are left off every row (the shifted tgt_in / tgt_out views)."""
+class ArrayFile:
+    """A flat numpy file read with os.pread, a slice at a time.
 
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, head: int = 0, tail: int = 0):
+    Not a memory map on purpose: the kernel maps up to 16 neighbouring pages into a process on
+    every page fault of a file map (fault-around), and those pages count as the process's
+    resident memory until it exits. Randomly sampled rows of a map therefore add the corpus's
+    size to a long run's RSS; pread copies only the bytes asked for into memory that is freed
+    with the batch. Opened lazily per process (the object pickles by path)."""
+
+    def __init__(self, path: Path, dtype):
+        self.path, self.dtype = Path(path), np.dtype(dtype)
+        self._fd = None
+        self.size = self.path.stat().st_size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Items [start, stop), a new read-only array; DataError when the file was cut short."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        itemsize = self.dtype.itemsize
+        count = max(stop - start, 0) * itemsize
+        data = os.pread(self._fd, count, start * itemsize)
+        if len(data) != count:
+            raise DataError(
+                f"{self.path}: the token cache file is shorter than its index says "
+                f"(items {start}..{stop} of {self.size}); delete {self.path.parent} to rebuild it"
+            )
+        return np.frombuffer(data, self.dtype)
+
+    def read_all(self) -> np.ndarray:
+        """The whole file (for per-example arrays of a few bytes an example)."""
+        return np.fromfile(self.path, self.dtype)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+class RaggedTokens:
+    """A sequence of int32 rows stored end to end (`tokens`, an ArrayFile) with N + 1
+    `offsets` (an ArrayFile); `head` / `tail` tokens are left off every row (the shifted
+    tgt_in / tgt_out views)."""
+
+    def __init__(self, tokens: ArrayFile, offsets: ArrayFile, head: int = 0, tail: int = 0):
         self.tokens, self.offsets, self.head, self.tail = tokens, offsets, head, tail
 
     def __len__(self) -> int:
@@ -82,12 +126,12 @@ class RaggedTokens:
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} of {len(self)}")
         index %= len(self)
-        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        return self.tokens[start + self.head : end - self.tail]
+        start, end = (int(x) for x in self.offsets.read(index, index + 2))
+        return self.tokens.read(start + self.head, end - self.tail)
 
     def lengths(self) -> np.ndarray:
-        """Every row's length, vectorised from the offsets."""
-        return np.diff(self.offsets) - (self.head + self.tail)
+        """Every row's length, vectorised from the offsets (8 bytes an example, read once)."""
+        return np.diff(self.offsets.read_all()) - (self.head + self.tail)
 
 
 class CachedDataset:
@@ -102,7 +146,7 @@ class CachedDataset:
         self.meta = json.loads((self.directory / META).read_text())
 
         def load(name, dtype):
-            return np.memmap(self.directory / name, dtype=dtype, mode="r")
+            return ArrayFile(self.directory / name, dtype)
 
         tgt_tokens, tgt_offsets = load("tgt.tokens", np.int32), load("tgt.offsets", np.int64)
         self.tgt_in = RaggedTokens(tgt_tokens, tgt_offsets, tail=1)
@@ -135,8 +179,9 @@ class CachedDataset:
             for index in range(len(seqs) if seqs is not None else 0):
                 bad = seqs[index][seqs[index] >= vocab_size]
                 if bad.size:
+                    line = int(self.lines.read(index, index + 1)[0])
                     raise DataError(
-                        f"{path}:{int(self.lines[index])}: token id {int(bad[0])} is outside "
+                        f"{path}:{line}: token id {int(bad[0])} is outside "
                         f"the model's vocabulary [0, {vocab_size}) (do the tokenizer and the "
                         "config disagree?)"
                     )
