@@ -329,6 +329,7 @@ def test_a_full_disk_while_writing_the_weights(tmp_path, monkeypatch, capsys):
 
 
 # ----------------------------------------------------------------------------- before a checkpoint
+@pytest.mark.slow  # ~20 s; CI runs it (`-m slow`)
 def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tmp_path, capsys):
     """Found by the adversarial pass: Ctrl-C (or SIGKILL) before the first save left a run
     directory that blocked the same command again, and --resume said to delete it by hand."""

@@ -238,6 +238,7 @@ def run(capsys, *argv, hooks=()):
     return out, err
 
 
+@pytest.mark.slow  # ~45 s of training runs; CI runs it (`-m slow`)
 def test_resume_reuses_the_cache_and_is_exact(tmp_path, capsys, monkeypatch):
     data = tmp_path / "c.jsonl"
     rng = np.random.default_rng(0)
