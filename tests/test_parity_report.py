@@ -25,7 +25,11 @@ CONFIG = TransformerConfig(
     dropout_rate=0.0,
     max_len=32,
 )
-TORCH_MODELS = {"seq2seq": torch_reference.Transformer, "lm": torch_reference.TransformerLM}
+TORCH_MODELS = {
+    "seq2seq": torch_reference.Transformer,
+    "lm": torch_reference.TransformerLM,
+    "encoder": torch_reference.TransformerEncoder,
+}
 FLAX_MODELS = {"seq2seq": Transformer, "lm": TransformerLM}
 
 
@@ -181,6 +185,24 @@ def test_perturbed_flax_weight_is_named_in_the_lm(key, expected):
         CONFIG, params, state, batch_for("lm"), model_kind="lm", dtype="float64"
     )
     assert_first_divergence(report, expected)
+
+
+def test_a_bare_encoder_is_green_and_a_perturbed_layer_is_named():
+    """The third kind (a bare encoder, e.g. T5EncoderModel): source tokens only, its output
+    (the last hidden state) named `output`; a fault in layer 1 is found there, float64."""
+    state = torch_weights("encoder")
+    params = torch_state_to_flax(state, CONFIG, "encoder")
+    batch = batch_for("encoder")
+    assert set(batch) == {"src"}
+    report = compare_weights(CONFIG, params, state, batch, model_kind="encoder", dtype="float64")
+    assert report.ok, report.format_table()
+    assert max(t.rel for t in report.tensors) < 1e-12, report.format_table()
+    names = [t.name for t in report.tensors]
+    assert names[0] == "src_embedded" and names[-1] == "output", names
+    broken = perturbed(state, "encoder.layers.1.ffn.linear1.weight", index=(4, 2))
+    report = compare_weights(CONFIG, params, broken, batch, model_kind="encoder", dtype="float64")
+    assert_first_divergence(report, "encoder.layers.1.ffn")
+    assert report["output"].status == "FAIL"
 
 
 @pytest.mark.parametrize("kind", ["seq2seq", "lm"])

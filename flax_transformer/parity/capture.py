@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from flax_transformer.spec.kinds import SEQ2SEQ
+from flax_transformer.spec.kinds import ENCODER, LM
 from flax_transformer.spec.kinds import model_inputs as kind_inputs
 from flax_transformer.spec.naming import module_name
 
@@ -32,6 +32,16 @@ ATTENTION_SUFFIX = ".attention_weights"
 def flax_path_to_name(path: tuple[str, ...]) -> str:
     """('encoder', 'layers_0', 'ffn') -> 'encoder.layers.0.ffn' (the naming rule); () -> logits."""
     return module_name(path) if path else "logits"
+
+
+def output_name(model_kind: str) -> str:
+    """The model's own output in the report: a bare encoder's is its last hidden state."""
+    return "output" if model_kind == ENCODER else "logits"
+
+
+def embeddings_of(model_kind: str) -> list[str]:
+    """The sown embeddings a model of `model_kind` makes, in the order it makes them."""
+    return {LM: ["tgt_embedded"], ENCODER: ["src_embedded"]}.get(model_kind, list(SOWN_EMBEDDINGS))
 
 
 def model_inputs(batch: Mapping[str, Any], model_kind: str) -> tuple[np.ndarray, ...]:
@@ -71,7 +81,8 @@ def capture_flax(model, params, batch: Mapping[str, Any], model_kind: str) -> di
                 continue
             # value is the tuple of every call's output; each module here runs once.
             if key == "__call__":
-                captured[flax_path_to_name(path)] = np.asarray(value[0])
+                name = flax_path_to_name(path) if path else output_name(model_kind)
+                captured[name] = np.asarray(value[0])
             elif key == "attention_weights":
                 captured[flax_path_to_name(path) + ATTENTION_SUFFIX] = np.asarray(value[0])
             elif key in SOWN_EMBEDDINGS and not path:
@@ -104,7 +115,7 @@ def capture_torch(
         torch_reference.Encoder,
         torch_reference.Decoder,
     )
-    embedding_names = list(SOWN_EMBEDDINGS if model_kind == SEQ2SEQ else SOWN_EMBEDDINGS[1:])
+    embedding_names = embeddings_of(model_kind)
     captured: dict[str, np.ndarray] = {}
     order: list[str] = []
 
@@ -124,7 +135,7 @@ def capture_torch(
             weights = getattr(module, "last_weights", None)
             if isinstance(module, torch_reference.MultiHeadAttention) and weights is not None:
                 record(name + ATTENTION_SUFFIX, weights)  # computed before the output
-            record(name or "logits", output)
+            record(name or output_name(model_kind), output)
 
         return hook
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.kinds import INPUT_NAMES, LM, SEQ2SEQ
+from flax_transformer.spec.kinds import ENCODER, INPUT_NAMES, LM, SEQ2SEQ
 
 
 class ParityInputError(ValueError):
@@ -63,7 +63,9 @@ def make_batch(
             ids[row, max(1, length - (row * length) // batch_size) :] = config.pad_id
         return ids.astype(np.int32)
 
-    batch = {"tgt_in": tokens(config.tgt_vocab_size, tgt_len)}
+    if model_kind == ENCODER:  # (a bare encoder has no target)
+        return {"src": tokens(config.src_vocab_size, src_len)}
+    batch = {"tgt_in": tokens(config.tgt_vocab_size, tgt_len)}  # (drawn first: same batches)
     if model_kind == SEQ2SEQ:
         batch = {"src": tokens(config.src_vocab_size, src_len)} | batch
     return batch
@@ -78,7 +80,7 @@ def batch_from_texts(
     """Token batch as training builds it (the helpers' contract), padded with pad_id.
 
     seq2seq: src = encode(text) + [eos], tgt_in = [bos] + encode(target) (target defaults to
-    the text itself); LM: tgt_in = [bos] + encode(text).
+    the text itself); LM: tgt_in = [bos] + encode(text); a bare encoder: src only.
     """
     if targets is not None and len(targets) != len(texts):
         raise ParityInputError(f"got {len(texts)} --input but {len(targets)} --target texts")
@@ -93,4 +95,4 @@ def batch_from_texts(
     if model_kind == LM:
         return {"tgt_in": tgt_in}
     src = padded([tokenizer.encode(t) + [tokenizer.eos_id] for t in texts])
-    return {"src": src, "tgt_in": tgt_in}
+    return {"src": src} if model_kind == ENCODER else {"src": src, "tgt_in": tgt_in}

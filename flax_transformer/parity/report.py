@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.parity.capture import ATTENTION_SUFFIX
-from flax_transformer.spec.kinds import SEQ2SEQ
+from flax_transformer.spec.kinds import ENCODER, SEQ2SEQ
 from flax_transformer.spec.numerics import error_stats
 
 # Relative tolerance per computation dtype. float64 parity is ~1e-15..1e-13 (same math);
@@ -196,6 +196,8 @@ def _json_float(value: float | None) -> float | str | None:
 # ----------------------------------------------------------------------------- masks
 def _stream(name: str, model_kind: str) -> str:
     """Which token sequence a tensor's rows belong to: 'src' or 'tgt'."""
+    if model_kind == ENCODER:
+        return "src"
     if model_kind == SEQ2SEQ and name.startswith(("src_embedded", "encoder")):
         return "src"
     return "tgt"
