@@ -96,7 +96,10 @@ class HFModel:
         mask = _key_mask(attention_mask, input_ids)  # (batch, 1, 1, len)
         if self.kind == ENCODER:
             if decoder_input_ids is not None:
-                raise ValueError("a bare encoder takes no decoder_input_ids")
+                raise ValueError(
+                    "a bare encoder takes input_ids and attention_mask only (with token_type_ids "
+                    "and position_ids where the model has them): no decoder_input_ids"
+                )
             kwargs = self._encoder_inputs(input_ids, position_ids, token_type_ids)
             return np.asarray(self._apply(self.variables, input_ids, src_mask=mask, **kwargs))
         if token_type_ids is not None:
