@@ -384,3 +384,16 @@ def encoder_only_batch(rng: np.random.Generator, pad: int, types: bool = True):
     ids, mask = ragged_batch(rng, ENCODER_VOCAB, ENCODER_LENGTHS, low=3, pad=pad)
     token_types = rng.integers(0, 3, size=ids.shape) * mask if types else None
     return ids, mask, token_types
+
+
+def encoder_only_tokenizer(path: Path):
+    """A WordPiece tokenizer over ENCODER_VOCAB made-up words, saved into `path` (a run
+    directory needs one)."""
+    import transformers
+
+    words = ["[PAD]", "<pad>", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words += [f"w{i}" for i in range(ENCODER_VOCAB - len(words))]
+    vocab = path / "vocab_source.txt"
+    vocab.write_text("\n".join(words) + "\n")
+    transformers.BertTokenizer(str(vocab)).save_pretrained(path)
+    vocab.unlink()

@@ -193,6 +193,9 @@ class HFModel:
                 attention_mask = jnp.ones(input_ids.shape, bool)
             mask = (jnp.asarray(attention_mask) != 0)[:, None, None, :]
             variables = loaded if params is None else params
+            if method is None:  # a bare encoder: its hidden states, before any head
+                hidden, _ = module.apply(variables, input_ids, src_mask=mask, method="features")
+                return hidden
             return module.apply(variables, input_ids, src_mask=mask, method=method)
 
         return encode
