@@ -317,3 +317,83 @@ def t5_outputs_pair(name: str, torch_model, hf_dir: Path, dtype: str, seed: int 
         ours = model.forward(**args)
     theirs = out.last_hidden_state if encoder else out.logits
     return ours, theirs.numpy()
+
+
+# ----------------------------------------------------------------------------- BERT family
+ENCODER_VOCAB = 67
+ENCODER_LENGTHS = (12, 5, 9)  # a right-padded batch
+# name: (transformers class, model_type); the configs are tiny (encoder_only_config).
+ENCODER_MODELS = {
+    "bert": ("BertModel", "bert"),
+    "bert_sequence": ("BertForSequenceClassification", "bert"),
+    "bert_token": ("BertForTokenClassification", "bert"),
+    "bert_mlm": ("BertForMaskedLM", "bert"),
+    "roberta": ("RobertaModel", "roberta"),
+    "roberta_sequence": ("RobertaForSequenceClassification", "roberta"),
+    "roberta_token": ("RobertaForTokenClassification", "roberta"),
+    "roberta_mlm": ("RobertaForMaskedLM", "roberta"),
+    "xlm_roberta": ("XLMRobertaModel", "xlm-roberta"),
+    "xlm_roberta_sequence": ("XLMRobertaForSequenceClassification", "xlm-roberta"),
+    "xlm_roberta_token": ("XLMRobertaForTokenClassification", "xlm-roberta"),
+    "xlm_roberta_mlm": ("XLMRobertaForMaskedLM", "xlm-roberta"),
+    "distilbert": ("DistilBertModel", "distilbert"),
+    "distilbert_sequence": ("DistilBertForSequenceClassification", "distilbert"),
+}
+
+
+def encoder_only_config(model_type: str):
+    """A tiny config of `model_type`: 2 layers, width 32, 4 heads, 3 labels; RoBERTa's pad id
+    1 (its positions start after it), 3 token types."""
+    import transformers
+
+    labels = dict(id2label={0: "neg", 1: "neutral", 2: "pos"})
+    if model_type == "distilbert":
+        return transformers.DistilBertConfig(
+            vocab_size=ENCODER_VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+            max_position_embeddings=40, seq_classif_dropout=0.1, **labels,
+        )  # fmt: skip
+    cls = {
+        "bert": transformers.BertConfig,
+        "roberta": transformers.RobertaConfig,
+        "xlm-roberta": transformers.XLMRobertaConfig,
+    }[model_type]
+    pad = 0 if model_type == "bert" else 1
+    return cls(
+        vocab_size=ENCODER_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=40, type_vocab_size=3, pad_token_id=pad,
+        layer_norm_eps=1e-12 if model_type == "bert" else 1e-5, **labels,
+    )  # fmt: skip
+
+
+def build_encoder_only(name: str, seed: int = 0):
+    """A random transformers model of ENCODER_MODELS[name], in eval mode, every weight
+    perturbed (the LayerNorms and biases too, which transformers initialises to 1 and 0)."""
+    import transformers
+
+    class_name, model_type = ENCODER_MODELS[name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, class_name)(encoder_only_config(model_type)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    return model
+
+
+def encoder_only_batch(rng: np.random.Generator, pad: int, types: bool = True):
+    """(input_ids, attention_mask, token_type_ids or None) of a right-padded batch."""
+    ids, mask = ragged_batch(rng, ENCODER_VOCAB, ENCODER_LENGTHS, low=3, pad=pad)
+    token_types = rng.integers(0, 3, size=ids.shape) * mask if types else None
+    return ids, mask, token_types
+
+
+def encoder_only_tokenizer(path: Path):
+    """A WordPiece tokenizer over ENCODER_VOCAB made-up words, saved into `path` (a run
+    directory needs one)."""
+    import transformers
+
+    words = ["[PAD]", "<pad>", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words += [f"w{i}" for i in range(ENCODER_VOCAB - len(words))]
+    vocab = path / "vocab_source.txt"
+    vocab.write_text("\n".join(words) + "\n")
+    transformers.BertTokenizer(str(vocab)).save_pretrained(path)
+    vocab.unlink()

@@ -19,6 +19,8 @@ from flax_transformer.spec.relative import relative_bucket_table
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.validate import check_weights
 
+from . import encoder_heads as heads
+
 TORCH_DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -409,12 +411,14 @@ class _EmbeddingsMixin(nn.Module):
             return self.shared_embed
         return self.tgt_embed
 
-    def _embed(self, side: str, tokens, offset: int = 0, positions=None):
-        """`side` "src" or "tgt": its token table, position table and embedding LayerNorm."""
+    def _embed(self, side: str, tokens, offset: int = 0, positions=None, token_types=None):
+        """`side` "src" or "tgt": its token table, (token types,) position table and norm."""
         table = self.src_embed_table if side == "src" else self.tgt_embed_table
         x = table(tokens)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
+        if token_types is not None:
+            x = x + self.type_embed(token_types)
         if hasattr(self, f"{side}_pos_embed"):
             add_positions = getattr(self, f"{side}_pos_embed")
         else:
@@ -506,22 +510,42 @@ class TransformerLM(_EmbeddingsMixin):
 
 
 class TransformerEncoder(_EmbeddingsMixin):
-    """A bare encoder (model kind "encoder"): forward(src, src_mask=None, positions=None) ->
-    the last hidden states (batch, src_len, d_model)."""
+    """A bare encoder (model kind "encoder"): forward(src, src_mask=None, positions=None,
+    token_types=None) -> the last hidden states (batch, src_len, d_model), or config.head's
+    output on them (encoder_heads.py); `features` gives (hidden states, pooler output)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self._init_embeddings(config, with_source=True, with_target=False)
+        if config.type_vocab_size:
+            self.type_embed = nn.Embedding(config.type_vocab_size, config.d_model)
         self.encoder = Encoder(config)
+        self.pooler = heads.Pooler(config) if config.pooler else None
+        if config.head != "none":
+            self.head = heads.EncoderHead(config, ACTIVATIONS[config.activation]())
         self.to(TORCH_DTYPES[config.param_dtype])
 
-    def forward(self, src, src_mask=None, positions=None):
-        """src (batch, src_len) token ids -> (batch, src_len, d_model); src_mask defaults to
-        the source padding mask."""
+    def forward(self, src, src_mask=None, positions=None, token_types=None):
+        """src (batch, src_len) token ids -> (batch, src_len, d_model) or the head's logits;
+        src_mask defaults to the source padding mask."""
+        hidden, pooled = self.features(src, src_mask, positions, token_types)
+        if self.config.head == "none":
+            return hidden
+        return self.head(hidden, pooled, self.src_embed_table)
+
+    def features(self, src, src_mask=None, positions=None, token_types=None):
+        """(last hidden states, pooler output or None)."""
+        cfg = self.config
         if src_mask is None:
-            src_mask = make_padding_mask(src, self.config.pad_id)
-        relative = relative_positions(self.config, src.shape[1], positions)
-        return self.encoder(self._embed("src", src, positions=positions), src_mask, relative)
+            src_mask = make_padding_mask(src, cfg.pad_id)
+        if positions is None and cfg.positions_skip_padding:
+            positions = heads.skip_padding_positions(src, cfg.pad_id)
+        if cfg.type_vocab_size and token_types is None:
+            token_types = torch.zeros_like(src)
+        relative = relative_positions(cfg, src.shape[1], positions)
+        x = self._embed("src", src, positions=positions, token_types=token_types)
+        hidden = self.encoder(x, src_mask, relative)
+        return hidden, (self.pooler(hidden) if self.pooler is not None else None)
 
 
 def state_dict_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

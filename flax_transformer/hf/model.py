@@ -71,27 +71,39 @@ class HFModel:
         return jax.jit(self.module.apply)
 
     def forward(
-        self, input_ids, attention_mask=None, decoder_input_ids=None, position_ids=None
+        self,
+        input_ids,
+        attention_mask=None,
+        decoder_input_ids=None,
+        position_ids=None,
+        token_type_ids=None,
     ) -> np.ndarray:
-        """Logits (batch, len, vocab) as transformers' forward computes them; for a bare
-        encoder (kind "encoder": T5EncoderModel) the last hidden state (batch, len, d_model).
+        """What transformers' forward returns first: logits (batch, len, vocab); for a model of
+        kind "encoder" the last hidden state (batch, len, d_model) of a bare encoder
+        (T5EncoderModel, BertModel), or its head's logits (BertForSequenceClassification:
+        (batch, num_labels); token classification: (batch, len, num_labels); masked LM:
+        (batch, len, vocab)).
 
         seq2seq: `attention_mask` (batch, src_len) marks the real source tokens (None: all);
         `decoder_input_ids` (batch, tgt_len) are the decoder's inputs (None: for BART and
         mBART the source shifted right, as transformers does; Marian needs them). The decoder
         is causal. LM (GPT-2): `attention_mask` hides padded keys (a left-padded batch),
         `position_ids` (batch, len) default to 0..len-1, as in transformers' forward. Encoder:
-        `attention_mask` marks the real tokens (None: all).
+        `attention_mask` marks the real tokens (None: all); `position_ids` rows of the position
+        table (None: the family's), `token_type_ids` (None: 0) where the model has them.
         """
         input_ids = _token_array("input_ids", input_ids)
         mask = _key_mask(attention_mask, input_ids)  # (batch, 1, 1, len)
         if self.kind == ENCODER:
-            if decoder_input_ids is not None or position_ids is not None:
+            if decoder_input_ids is not None:
                 raise ValueError(
-                    "a bare encoder takes input_ids and attention_mask only (no "
-                    "decoder_input_ids, no position_ids)"
+                    "a bare encoder takes input_ids and attention_mask only (with token_type_ids "
+                    "and position_ids where the model has them): no decoder_input_ids"
                 )
-            return np.asarray(self._apply(self.variables, input_ids, src_mask=mask))
+            kwargs = self._encoder_inputs(input_ids, position_ids, token_type_ids)
+            return np.asarray(self._apply(self.variables, input_ids, src_mask=mask, **kwargs))
+        if token_type_ids is not None:
+            raise ValueError(f"token_type_ids is for encoder models; this is a {self.kind}")
         if self.kind == "lm":
             if decoder_input_ids is not None:
                 raise ValueError("decoder_input_ids is for seq2seq models; GPT-2 takes input_ids")
@@ -112,6 +124,38 @@ class HFModel:
             )
         out = self._apply(self.variables, input_ids, decoder_input_ids, src_mask=mask)
         return np.asarray(out)
+
+    def _encoder_inputs(self, input_ids, position_ids, token_type_ids) -> dict[str, Any]:
+        """The encoder's keyword inputs for transformers' position_ids (table rows, shifted by
+        config.position_offset) and token_type_ids; ValueError for one the model lacks."""
+        cfg, kwargs = self.config, {}
+        if position_ids is not None:
+            if cfg.positional == "none":
+                raise ValueError("position_ids given to a model without absolute positions")
+            rows = _token_array("position_ids", position_ids)
+            kwargs["positions"] = rows - cfg.position_offset
+        if token_type_ids is not None:
+            if not cfg.type_vocab_size:
+                raise ValueError(
+                    f"token_type_ids given to a {self.model_type} model, which has none"
+                )
+            kwargs["token_types"] = _token_array("token_type_ids", token_type_ids)
+        return kwargs
+
+    def pooled_output(
+        self, input_ids, attention_mask=None, position_ids=None, token_type_ids=None
+    ) -> np.ndarray:
+        """The pooler's output (batch, d_model) (transformers' `pooler_output`: dense + tanh on
+        the first token's last hidden state), for a model that has a pooler (config.pooler)."""
+        if self.kind != ENCODER or not self.config.pooler:
+            raise ValueError(f"this {self.model_type} model has no pooler")
+        input_ids = _token_array("input_ids", input_ids)
+        mask = _key_mask(attention_mask, input_ids)
+        kwargs = self._encoder_inputs(input_ids, position_ids, token_type_ids)
+        _, pooled = self.module.apply(
+            self.variables, input_ids, src_mask=mask, method="features", **kwargs
+        )
+        return np.asarray(pooled)
 
     def shift_right(self, input_ids: np.ndarray) -> np.ndarray:
         """The decoder inputs transformers makes when none are given: BART prepends
@@ -149,6 +193,9 @@ class HFModel:
                 attention_mask = jnp.ones(input_ids.shape, bool)
             mask = (jnp.asarray(attention_mask) != 0)[:, None, None, :]
             variables = loaded if params is None else params
+            if method is None:  # a bare encoder: its hidden states, before any head
+                hidden, _ = module.apply(variables, input_ids, src_mask=mask, method="features")
+                return hidden
             return module.apply(variables, input_ids, src_mask=mask, method=method)
 
         return encode

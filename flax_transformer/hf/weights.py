@@ -285,6 +285,12 @@ def params_to_hf_state(
     params: Mapping[str, Any], hf_config: str | Mapping[str, Any]
 ) -> dict[str, np.ndarray]:
     """Flax params -> the Hugging Face state dict save_pretrained would write for them
-    (`hf_config`: config.json, or its model_type as in hf_to_canonical)."""
+    (`hf_config`: config.json, or its model_type as in hf_to_canonical); a base model's keys
+    without the family's prefix, as save_pretrained writes them (Family.saved_prefix)."""
     state = canonical_to_hf(flax_to_torch_state(params), hf_config)
-    return {k: np.ascontiguousarray(v) for k, v in state.items()}
+    family, hf_config = _family_config(hf_config)
+    prefix, cut = family.prefix, family.prefix and not family.saved_prefix(hf_config)
+    return {
+        (k[len(prefix) :] if cut and k.startswith(prefix) else k): np.ascontiguousarray(v)
+        for k, v in state.items()
+    }

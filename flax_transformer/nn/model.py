@@ -15,6 +15,7 @@ from flax import linen as nn
 from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_padding_mask
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
+from flax_transformer.nn.encoder_heads import EncoderHead, Pooler, skip_padding_positions
 from flax_transformer.nn.layers import (
     Dense,
     LogitsBias,
@@ -177,12 +178,21 @@ class _EmbeddingsMixin:
     (config.embed_norm) -> dropout."""
 
     def _embed(
-        self, embed: nn.Embed, tokens, offset, deterministic: bool, tag: str, positions=None
+        self,
+        embed: nn.Embed,
+        tokens,
+        offset,
+        deterministic: bool,
+        tag: str,
+        positions=None,
+        token_types=None,
     ):
         cfg = self.config
         x = embed(tokens)  # (batch, len, d_model)
         if cfg.scale_embeddings:
             x = x * jnp.asarray(np.sqrt(cfg.d_model), x.dtype)
+        if token_types is not None:  # config.type_vocab_size (the bare encoder's type_embed)
+            x = x + self.type_embed(token_types)
         side = tag[:3]  # "src" / "tgt"
         if cfg.positional != "none":
             x = self._positions[side](x, offset, positions)
@@ -441,11 +451,13 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
 
 
 class TransformerEncoder(_EmbeddingsMixin, nn.Module):
-    """A bare encoder (model kind "encoder", e.g. a T5 encoder used as a text encoder):
-    `__call__(src) -> the last hidden states (batch, src_len, d_model)`, after the final norm.
+    """A bare encoder (model kind "encoder": a T5 encoder used as a text encoder, a BERT):
+    `__call__(src) -> the last hidden states (batch, src_len, d_model)`, after the final norm,
+    or config.head's output on them (encoder_heads.py).
 
     Params as the seq2seq Transformer's source side: shared_embed (config.share_embeddings) or
-    src_embed, the position table(s) and src_embed_norm the config asks for, encoder. The
+    src_embed, the position table(s) and src_embed_norm the config asks for, encoder; then
+    type_embed (config.type_vocab_size), pooler (config.pooler) and head (config.head). The
     decoder fields of the config are ignored.
     """
 
@@ -459,21 +471,68 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
         else:
             self.src_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.src_embed
+        if cfg.type_vocab_size:
+            self.type_embed = _embed_module(cfg, cfg.type_vocab_size)
         self._setup_positions(cfg, with_source=True, with_target=False)
         if cfg.embed_norm:
             self.src_embed_norm = _embed_norm(cfg)
         self.encoder = Encoder(cfg)
+        if cfg.pooler:
+            self.pooler = Pooler(cfg)
+        if cfg.head != "none":
+            self.head = EncoderHead(cfg)
 
-    def __call__(self, src, *, src_mask=None, positions=None, deterministic: bool = True):
-        """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask (batch, 1,
-        1, src_len), True = real (default: the tokens that are not pad_id); positions (batch,
-        src_len): each token's position (default 0, 1, ...)."""
+    def __call__(
+        self,
+        src,
+        *,
+        src_mask=None,
+        positions=None,
+        token_types=None,
+        deterministic: bool = True,
+    ):
+        """(batch, src_len) tokens -> (batch, src_len, d_model), or config.head's output.
+        src_mask: key mask (batch, 1, 1, src_len), True = real (default: the tokens that are
+        not pad_id); positions (batch, src_len): each token's position (default 0, 1, ...,
+        or config.positions_skip_padding's); token_types (batch, src_len) (default 0)."""
+        hidden, pooled = self.features(
+            src,
+            src_mask=src_mask,
+            positions=positions,
+            token_types=token_types,
+            deterministic=deterministic,
+        )
+        if self.config.head == "none":
+            return hidden
+        return self.head(hidden, pooled, self.src_embed_table, deterministic=deterministic)
+
+    def features(
+        self,
+        src,
+        *,
+        src_mask=None,
+        positions=None,
+        token_types=None,
+        deterministic: bool = True,
+    ):
+        """(the last hidden states (batch, src_len, d_model), the pooler output (batch,
+        d_model) or None without config.pooler); arguments as __call__."""
         cfg = self.config
         check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
         if src_mask is None:
             src_mask = make_padding_mask(src, cfg.pad_id)
         check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
         check_positions("positions", positions, src.shape)
-        x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
+        check_positions("token_types", token_types, src.shape)
+        if positions is None and cfg.positions_skip_padding:
+            positions = skip_padding_positions(src, cfg.pad_id)
+        if cfg.type_vocab_size and token_types is None:
+            token_types = jnp.zeros(src.shape, jnp.int32)
+        elif not cfg.type_vocab_size and token_types is not None:
+            raise ValueError("token_types given to a model without them (type_vocab_size 0)")
+        x = self._embed(
+            self.src_embed_table, src, 0, deterministic, "src_embedded", positions, token_types
+        )
         relative = relative_positions(cfg, src.shape[1], 0, positions, decode=False)
-        return self.encoder(x, src_mask, deterministic=deterministic, relative=relative)
+        hidden = self.encoder(x, src_mask, deterministic=deterministic, relative=relative)
+        return hidden, (self.pooler(hidden) if cfg.pooler else None)

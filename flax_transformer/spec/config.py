@@ -22,6 +22,13 @@ POSITIONALS = ("sinusoidal", "learned", "none")
 NORM_TYPES = ("layer", "rms")
 # interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
 SINUSOID_LAYOUTS = ("interleaved", "halves")
+# The output of an encoder-only model (kind "encoder"), on its last hidden states: "none" (the
+# hidden states), "sequence_pooled" (`head.classifier` on the pooler output: BERT),
+# "sequence_tanh" / "sequence_relu" (`head.pre_classifier`, tanh / ReLU, `head.classifier` on
+# the first token: RoBERTa / DistilBERT), "token" (`head.classifier` on every token) or
+# "masked_lm" (`head.dense`, the activation, `head.norm`, then the logits tied to the token
+# embedding plus `head.bias`).
+ENCODER_HEADS = ("none", "sequence_pooled", "sequence_tanh", "sequence_relu", "token", "masked_lm")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 # How attention is computed; the same function either way (nn/attention.py, torch_reference).
 ATTENTION_IMPLS = ("auto", "fused", "reference")
@@ -93,6 +100,14 @@ class TransformerConfig:
     # The feed-forward's input is two projections: activation(linear1(x)) * linear3(x).
     gated_ffn: bool = False
     scale_decoder_output: bool = False  # multiply the last hidden state by d_model**-0.5
+    # Switches of BERT-style encoder-only models (kind "encoder").
+    type_vocab_size: int = 0  # token type (segment) embeddings `type_embed` added; 0: none
+    # Positions count the non-pad tokens only: the k-th real token has position k - 1, a pad
+    # token position -1 (row position_offset - 1 of the table: RoBERTa's padding_idx row).
+    positions_skip_padding: bool = False
+    pooler: bool = False  # `pooler`: dense + tanh on the first token's last hidden state
+    head: str = "none"  # one of ENCODER_HEADS
+    num_labels: int = 2  # the classification heads' outputs
     # Special token ids (None: not set; the tokenizer decides). decoder_start_id is the
     # decoder's first token (Marian: the pad id), bos_id the begin-of-text token.
     bos_id: int | None = None
@@ -119,6 +134,15 @@ class TransformerConfig:
                 "relative_attention_buckets must be 0 or >= 4, and relative_attention_max_distance "
                 f"> relative_attention_buckets // 2, got {buckets} and {distance} (half the "
                 "buckets of a direction are exact distances, the rest log-spaced up to the max)"
+            )
+        if self.head == "sequence_pooled" and not self.pooler:
+            problems.append("head 'sequence_pooled' needs pooler=True (it reads the pooler)")
+        if self.positions_skip_padding and (
+            self.positional != "learned" or self.position_offset < 1
+        ):
+            problems.append(
+                "positions_skip_padding needs positional='learned' and position_offset >= 1 "
+                "(pad tokens read row position_offset - 1)"
             )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             problems.append(
@@ -247,6 +271,11 @@ FIELD_RULES = {
     "attention_head_dim": Int(min=1, optional=True),
     "gated_ffn": Bool(),
     "scale_decoder_output": Bool(),
+    "type_vocab_size": Int(min=0, why="(0 = no token type embeddings)"),
+    "positions_skip_padding": Bool(),
+    "pooler": Bool(),
+    "head": Choice(ENCODER_HEADS),
+    "num_labels": Int(min=1),
     "bos_id": Int(min=0, optional=True),
     "eos_id": Int(min=0, optional=True),
     "decoder_start_id": Int(min=0, optional=True),

@@ -10,13 +10,16 @@ model_type themselves (docs/hf.md, "Adding a family").
 from __future__ import annotations
 
 from flax_transformer.hf.families.bart import BART
+from flax_transformer.hf.families.bert import BERT
+from flax_transformer.hf.families.distilbert import DISTILBERT
 from flax_transformer.hf.families.family import Family, FusedQKV, UnsupportedConfigError
 from flax_transformer.hf.families.gpt2 import GPT2
 from flax_transformer.hf.families.marian import MARIAN
 from flax_transformer.hf.families.mbart import MBART
+from flax_transformer.hf.families.roberta import ROBERTA
 from flax_transformer.hf.families.t5 import T5
 
-FAMILIES: tuple[Family, ...] = (MARIAN, BART, MBART, GPT2, T5)
+FAMILIES: tuple[Family, ...] = (MARIAN, BART, MBART, GPT2, T5, BERT, ROBERTA, DISTILBERT)
 _BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 MODEL_TYPES: tuple[str, ...] = tuple(_BY_MODEL_TYPE)
 if len(MODEL_TYPES) != sum(len(f.model_types) for f in FAMILIES):

@@ -108,6 +108,10 @@ class Family:
     activation_key: str = "activation_function"
     read_activation: Callable[[HFConfig], Any] | None = None
 
+    # Architectures whose save_pretrained writes the keys without `prefix` (a base model:
+    # BertModel writes embeddings.*, BertForSequenceClassification bert.embeddings.*).
+    bare_architectures: tuple[str, ...] = ()
+
     @property
     def name(self) -> str:
         """The family's name: its first config.json model_type (e.g. "marian")."""
@@ -121,6 +125,14 @@ class Family:
             if name in self.architecture_kinds:
                 return self.architecture_kinds[name]
         return self.kind
+
+    def saved_prefix(self, hf_config: HFConfig) -> str:
+        """The prefix save_pretrained writes before the base model's keys for this config:
+        none for a bare_architectures model (config.json's first architecture), else
+        `prefix`."""
+        architectures = hf_config.get("architectures") or []
+        first = architectures[0] if isinstance(architectures, list) and architectures else None
+        return "" if first in self.bare_architectures else self.prefix
 
     def renames(self, hf_config: HFConfig) -> tuple[tuple[str, str], ...]:
         """The (HF template, canonical template) pairs for this config."""
