@@ -51,6 +51,7 @@ def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -
 
 
 def weight_renames() -> tuple[tuple[str, str], ...]:
+    """DistilBERT's weight names (q_lin, sa_layer_norm, ...) -> this project's, in order."""
     layer, canon = PREFIX + "transformer.layer.{i}", "encoder.layers.{i}"
     rules = [
         (PREFIX + "embeddings.word_embeddings.weight", "src_embed.weight"),
