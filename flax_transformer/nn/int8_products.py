@@ -23,8 +23,10 @@ from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_params
 from flax_transformer.nn.layers import Dense
 from flax_transformer.nn.model import Transformer, TransformerLM
 
-# Products of fewer rows are padded with zero rows to this many (see the module docstring;
-# 4 rather than 2: bench/NOTES.md measured both, 4 was as fast or faster).
+# Products of fewer rows are padded with zero rows to this many. 2 or 4: bench/NOTES.md
+# ("int8 for Hugging Face models") measured the one-row output-table product at 3.61 ms padded
+# to 4, 3.76 ms to 2, 5.95 ms to 8 (float32 6.10); whole-decode runs could not tell 2 from 4
+# apart on the shared 2-core machine. 4, the faster of the two on the largest product.
 MIN_ROWS = 4
 QUANTIZED = ("kernel", "embedding")  # the leaves held as int8: Dense kernels, Embed tables
 
