@@ -18,8 +18,9 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_params
+from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
 from flax_transformer.nn.layers import Dense
 from flax_transformer.nn.model import Transformer, TransformerLM
 
@@ -28,7 +29,6 @@ from flax_transformer.nn.model import Transformer, TransformerLM
 # to 4, 3.76 ms to 2, 5.95 ms to 8 (float32 6.10); whole-decode runs could not tell 2 from 4
 # apart on the shared 2-core machine. 4, the faster of the two on the largest product.
 MIN_ROWS = 4
-QUANTIZED = ("kernel", "embedding")  # the leaves held as int8: Dense kernels, Embed tables
 
 
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -81,18 +81,18 @@ def int8_interceptor(next_fun, args, kwargs, context):
 
 
 def quantize_for_products(variables: dict) -> dict:
-    """{"params": tree} with every Dense kernel and embedding table an Int8Matrix (nn.int8's
-    per-output-channel scales); other leaves and collections as they were."""
-    params = quantize_params(variables["params"])
+    """{"params": tree} with every Dense kernel (one scale per column) and embedding table (one
+    scale per row) an Int8Matrix (nn.int8.quantize_matrix); other leaves and collections, the
+    learned position tables included, as they were."""
+    axes = {"kernel": 0, "embedding": 1}  # the axis reduced: the scale runs along the other
 
-    def keep_float(path, leaf):
+    def leaf(path, value):
         name = getattr(path[-1], "key", None)
-        if isinstance(leaf, Int8Matrix) and name not in QUANTIZED:
-            return leaf.dequantize()  # not a leaf the interceptor computes with
-        return leaf
+        if np.ndim(value) == 2 and name in axes:
+            return quantize_matrix(value, reduce_axis=axes[name])
+        return value
 
-    is_q = lambda x: isinstance(x, Int8Matrix)  # noqa: E731
-    params = jax.tree_util.tree_map_with_path(keep_float, params, is_leaf=is_q)
+    params = jax.tree_util.tree_map_with_path(leaf, variables["params"])
     return {**variables, "params": params}
 
 
