@@ -1,7 +1,7 @@
 """Generation speed of an imported opus-mt-size Marian model (or a t5-small-size T5): this
 project against transformers and CTranslate2.
 
-    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--no-ct2]
+    python -m bench.hf_generate --json OUT.json [--rounds 3] [--quick] [--no-ct2] [--quantize int8]
         [--model marian|t5|t5-gated]
 
 --model t5: a random T5 of t5-small size (transformers' T5Config: d_model 512, 8 heads of 64,
@@ -86,6 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (smoke test)")
+    parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        help="also time the project with hf.load(quantize='int8') (int8 products), interleaved",
+    )
     parser.add_argument(
         "--no-ct2", dest="ct2", action="store_false", help="leave CTranslate2 out of the run"
     )
@@ -207,6 +212,7 @@ def run(args, argv: list[str]) -> dict:
         else:
             make_checkpoint(Path(tmp), sizes)
         flax_model = hf.load(tmp)
+        int8_model = hf.load(tmp, quantize=args.quantize) if args.quantize else None
         torch_model = AutoModelForSeq2SeqLM.from_pretrained(tmp).eval()
         if t5:  # the CTranslate2 peer is written for the Marian checkpoint
             ct2_models, ct2_missing = {}, "CTranslate2 left out (a T5 model)"
@@ -220,6 +226,13 @@ def run(args, argv: list[str]) -> dict:
     def flax_call(batch, beams):
         ids = sources[:batch]
         return flax_model.generate(
+            ids, np.ones_like(ids), num_beams=beams, max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+        )  # fmt: skip
+
+    def flax_int8_call(batch, beams):
+        ids = sources[:batch]
+        return int8_model.generate(
             ids, np.ones_like(ids), num_beams=beams, max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
         )  # fmt: skip
@@ -239,13 +252,18 @@ def run(args, argv: list[str]) -> dict:
         return out.numpy()
 
     sides = {"flax": flax_call, "hf": torch_call}
+    if int8_model is not None:
+        sides["flax_int8"] = flax_int8_call
     sides.update(ct2_sides)
     times = {cell: {side: [] for side in sides} for cell in cells}
     same = {cell: True for cell in cells}
     distinct = {}  # distinct new tokens in transformers' output: 1 = every row repeats one token
     agree = {cell: {side: [] for side in ct2_sides} for cell in cells}
+    int8_same = {cell: [] for cell in cells}  # share of project int8 tokens = project float32's
     for cell in cells:  # untimed: compilation (transformers has none; one short warm-up call)
         flax_call(*cell)
+        if int8_model is not None:
+            flax_int8_call(*cell)
         for call in ct2_sides.values():
             call(*cell)
     torch_model.generate(torch.as_tensor(sources[:1]), max_new_tokens=2)
@@ -258,6 +276,10 @@ def run(args, argv: list[str]) -> dict:
                 times[cell][side].append(time.perf_counter() - start)
             same[cell] &= bool(np.array_equal(outputs["flax"], outputs["hf"]))
             distinct[cell] = len(np.unique(outputs["hf"][:, 1:-1]))  # no start, no forced EOS
+            if int8_model is not None:
+                int8_same[cell].append(
+                    ct2_peer.agreement(outputs["flax"], outputs["flax_int8"][:, 1:])
+                )  # both have the start token; agreement wants it on the reference only
             for side in ct2_sides:
                 agree[cell][side].append(ct2_peer.agreement(outputs["hf"], outputs[side]))
             timings = ", ".join(f"{side} {times[cell][side][-1]:.2f} s" for side in sides)
@@ -284,6 +306,8 @@ def run(args, argv: list[str]) -> dict:
         cell["distinct_tokens"] = distinct[(batch, beams)]
         for side, shares in agree[(batch, beams)].items():
             cell[f"{side}_agreement"] = round(min(shares), 4)
+        if int8_same[(batch, beams)]:
+            cell["flax_int8_same_as_f32"] = round(min(int8_same[(batch, beams)]), 4)
         result_cells.append(cell)
     machine = {
         "command": " ".join(["python", "-m", "bench.hf_generate", *argv]),
@@ -344,9 +368,30 @@ def format_table(result: dict) -> str:
                 f"{c['ct2_int8_agreement']:.1%}",
             ]
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
+    if "flax_int8_tok_s" in result["cells"][0]:
+        lines += _int8_table(result["cells"], ct2)
     if machine.get("ctranslate2_skipped"):
         lines.append(machine["ctranslate2_skipped"])
     return "\n".join(lines)
+
+
+def _int8_table(cells: list[dict], ct2: bool) -> list[str]:
+    """The --quantize int8 rows: project int8 against project float32 and CT2 int8."""
+    head = ["batch", "beams", "project f32 tok/s", "project int8 tok/s", "int8 / f32"]
+    head += ["CT2 int8 tok/s", "project int8 / CT2 int8"] if ct2 else []
+    head += ["int8 tokens same as f32"]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        row = [c["batch"], c["num_beams"], f"{c['flax_tok_s']:.1f}", f"{c['flax_int8_tok_s']:.1f}"]
+        row += [f"{c['flax_int8_tok_s'] / c['flax_tok_s']:.2f}x"]
+        if ct2:
+            row += [
+                f"{c['ct2_int8_tok_s']:.1f}",
+                f"{c['flax_int8_tok_s'] / c['ct2_int8_tok_s']:.2f}x",
+            ]
+        row += [f"{c['flax_int8_same_as_f32']:.1%}"]
+        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -94,3 +94,41 @@ def test_generate_int8(seq2seq_run, monkeypatch, capsys):
         row = row[: row.index(tok.eos_id)] if tok.eos_id in row else row
         expected.append(tok.decode(row).replace("\r", "\\r").replace("\n", "\\n"))
     assert out == expected
+
+
+def test_generate_quantize_int8_uses_int8_products(seq2seq_run, monkeypatch, capsys):
+    """`--quantize int8`: the same tokens as the library's generate on the int8-products model
+    (nn.int8_products) with the same batch."""
+    from flax_transformer.nn.int8_products import int8_products_model, quantize_for_products
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\nabc\n"))
+    argv = ["--workdir", str(seq2seq_run), "--max-new-tokens", "6", "--quantize", "int8"]
+    assert generate_main(argv) == 0
+    out = capsys.readouterr().out.split("\n")[:2]
+    run = load_run(seq2seq_run)
+    tok = run.tokenizer
+    src = np.zeros((2, 16), np.int32)
+    for row, line in enumerate(["hello", "abc"]):
+        ids = tok.encode(line) + [tok.eos_id]
+        src[row, : len(ids)] = ids
+    tokens = generate(
+        int8_products_model(run.model), quantize_for_products(run.params), src, Greedy(),
+        max_new_tokens=6, bos_id=1, eos_id=2,
+    )  # fmt: skip
+    expected = []
+    for row in np.asarray(tokens).tolist():
+        row = row[: row.index(tok.eos_id)] if tok.eos_id in row else row
+        expected.append(tok.decode(row).replace("\r", "\\r").replace("\n", "\\n"))
+    assert out == expected
+
+
+def test_generate_quantize_bad_combinations_exit_2(seq2seq_run, capsys):
+    base = ["--workdir", str(seq2seq_run)]
+    for extra, message in (
+        (["--int8", "--quantize", "int8"], "pick one"),
+        (["--quantize", "int4"], "invalid choice: 'int4'"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            generate_main(base + extra)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

@@ -105,12 +105,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--int8", action="store_true", help="int8 weights (per-channel scales; export.int8)"
     )
     parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        help="int8: int8 weights (per-channel scales) and dynamic int8 matrix products, "
+        "activations quantised per row (nn.int8_products; faster on CPU, float32 runs only)",
+    )
+    parser.add_argument(
         "--checkpoint",
         metavar="last|best|STEP",
         help="which checkpoint: the latest, the best (train.py --keep-best) or a step number "
         "(default: best when the run kept one, else last)",
     )
     args = parser.parse_args(argv)
+    if args.int8 and args.quantize:
+        parser.error("--int8 (weight-only) and --quantize int8 (int8 products): pick one")
     if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
         parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
     problem = flags_that_do_nothing(args)
@@ -327,6 +335,18 @@ def main(argv: list[str] | None = None) -> int:
         from flax_transformer.export.int8 import int8_model, quantize_variables
 
         generator.model, run.params = int8_model(run.model), quantize_variables(run.params)
+    if args.quantize == "int8":  # int8 matrices and int8 x int8 -> int32 products
+        if run.config.dtype != "float32" or run.config.param_dtype != "float32":
+            print(
+                f"error: --quantize int8 needs a float32 run; {args.workdir} computes in "
+                f"{run.config.dtype} with {run.config.param_dtype} weights",
+                file=sys.stderr,
+            )
+            return 2
+        from flax_transformer.nn.int8_products import int8_products_model, quantize_for_products
+
+        generator.model = int8_products_model(run.model)
+        run.params = quantize_for_products(run.params)
     problem = check_flags_against_model(args, run.config)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

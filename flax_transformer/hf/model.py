@@ -22,6 +22,11 @@ from flax_transformer.hf.families import Family, family_for
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
 from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.nn.int8_products import (
+    int8_products_model,
+    is_int8_products,
+    quantize_for_products,
+)
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import DTYPES, TransformerConfig
 from flax_transformer.spec.kinds import ENCODER, SEQ2SEQ
@@ -225,12 +230,25 @@ def _key_mask(attention_mask, input_ids: np.ndarray) -> np.ndarray:
     return (mask != 0)[:, None, None, :]
 
 
-def load(path: str | Path, dtype: str = "float32") -> HFModel:
+QUANTIZE = (None, "int8")
+
+
+def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) -> HFModel:
     """A save_pretrained directory (marian, bart, mbart, gpt2, t5, mt5, umt5) as an HFModel
     whose weights are cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g.
-    parity checks)."""
+    parity checks).
+
+    `quantize="int8"`: the Dense kernels and the embedding table held as int8 with one float32
+    scale per output channel, every matrix product computed as dynamic int8 (activations
+    quantised per row at run time, int8 x int8 -> int32; nn.int8_products). Faster on CPU,
+    not token-identical to float32 (docs/hf.md gives the agreement). seq2seq and LM models in
+    float32 only. None (default): the weights as stored."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
+    if quantize is not None and dtype != "float32":
+        raise ValueError(f"quantize={quantize!r} computes in float32; got dtype {dtype!r}")
     if dtype == "float64" and jax.dtypes.canonicalize_dtype(np.float64) != np.float64:
         raise ValueError(
             "dtype float64 needs JAX's 64-bit mode: jax.config.update('jax_enable_x64', True) "
@@ -254,8 +272,13 @@ def load(path: str | Path, dtype: str = "float32") -> HFModel:
     params = hf_state_to_params(
         checkpoint.state, hf_config, config, kind, str(checkpoint.weights_path)
     )
+    module = model_for(config, kind)
+    if quantize == "int8":
+        if kind == ENCODER:
+            raise ValueError("quantize='int8' is for seq2seq and LM models, not a bare encoder")
+        module, params = int8_products_model(module), quantize_for_products(params)
     return HFModel(
-        module=model_for(config, kind),
+        module=module,
         variables=params,
         config=config,
         hf_config=hf_config,
@@ -269,6 +292,8 @@ def save(model: HFModel, path: str | Path) -> Path:
     model's parameter dtype), generation_config.json and the source directory's tokenizer."""
     if not isinstance(model, HFModel):
         raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
+    if is_int8_products(model.module):
+        raise ValueError("hf.save writes float weights; this model was loaded with quantize='int8'")
     model_type = model.hf_config.get("model_type")
     family_for(model_type, where="hf.save")  # UnsupportedConfigError (a ValueError) for others
     state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model.hf_config)

@@ -16,6 +16,7 @@ from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.nn.encoder_heads import EncoderHead, Pooler, skip_padding_positions
+from flax_transformer.nn.int8 import Int8Matrix
 from flax_transformer.nn.layers import (
     Dense,
     LogitsBias,
@@ -229,7 +230,8 @@ class _EmbeddingsMixin:
     def _output_logits(self, embed: nn.Embed, x, decode: bool = False):
         if self.config.scale_decoder_output:
             x = x * jnp.asarray(self.config.d_model**-0.5, x.dtype)
-        if self.config.tie_output and decode and x.shape[0] * x.shape[1] == 1:
+        one_row = decode and x.shape[0] * x.shape[1] == 1
+        if self.config.tie_output and one_row and not isinstance(embed.embedding, Int8Matrix):
             logits = _tied_logits_one_row(embed, x)
         elif self.config.tie_output:
             logits = embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
