@@ -133,6 +133,7 @@ def test_softmax_and_layernorm_statistics_run_in_float32(setup):
         assert counts[(op, "bfloat16")] == 0, (op, counts)
 
 
+@pytest.mark.slow  # ~14 s (bf16 compiles slowly on CPU); the bf16 gradient test stays fast
 def test_bf16_train_step_loss_is_float32(setup):
     params, batch = setup
     model = Transformer(BF16)
