@@ -286,6 +286,17 @@ def default_target_mask(tokens, config: TransformerConfig):
     return combine_masks(causal, make_padding_mask(tokens, config.pad_id))
 
 
+def checked_source(cfg: TransformerConfig, src, src_mask, positions):
+    """The source's key mask (default: the tokens that are not pad_id), after checking the
+    tokens, the mask and the positions against `cfg` (what every encoder entry point checks)."""
+    check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
+    if src_mask is None:
+        src_mask = make_padding_mask(src, cfg.pad_id)
+    check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
+    check_positions("positions", positions, src.shape)
+    return src_mask
+
+
 class Transformer(_EmbeddingsMixin, nn.Module):
     """Encoder-decoder Transformer. `__call__(src, tgt) -> logits (batch, tgt_len, tgt_vocab)`.
 
@@ -346,11 +357,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real;
         positions (batch, src_len): each token's position (default 0, 1, ...)."""
         cfg = self.config
-        check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
-        if src_mask is None:
-            src_mask = make_padding_mask(src, cfg.pad_id)
-        check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
-        check_positions("positions", positions, src.shape)
+        src_mask = checked_source(cfg, src, src_mask, positions)
         x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
         relative = relative_positions(cfg, src.shape[1], 0, positions, decode=False)
         return self.encoder(x, src_mask, deterministic=deterministic, relative=relative)
@@ -520,11 +527,7 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
         """(the last hidden states (batch, src_len, d_model), the pooler output (batch,
         d_model) or None without config.pooler); arguments as __call__."""
         cfg = self.config
-        check_tokens("src", src, cfg.max_len, cfg.src_vocab_size)
-        if src_mask is None:
-            src_mask = make_padding_mask(src, cfg.pad_id)
-        check_mask("src_mask", src_mask, (src.shape[0], cfg.num_heads, src.shape[1], src.shape[1]))
-        check_positions("positions", positions, src.shape)
+        src_mask = checked_source(cfg, src, src_mask, positions)
         check_positions("token_types", token_types, src.shape)
         if positions is None and cfg.positions_skip_padding:
             positions = skip_padding_positions(src, cfg.pad_id)
