@@ -179,13 +179,14 @@ def make_tokenizer(args, data, workdir: Path, texts):
     return ByteTokenizer()
 
 
-def make_config(args, tokenizer, workdir: Path):
+def make_config(args, tokenizer, workdir: Path, changes=None):
     """The model config from the preset, --config and flags, with the tokenizer's vocabulary sizes
-    unless --init-from; UsageError on --resume if it differs from the run's saved config.json."""
+    unless --init-from, and `changes` (a classifier's head fields) over it; UsageError on
+    --resume if it differs from the run's saved config.json."""
     from flax_transformer.spec.config import config_diff
 
     # The line about a partial --config is said when the run starts, not again on --resume.
-    values = model_values(args, say=None if args.resume else print)
+    values = model_values(args, say=None if args.resume else print) | dict(changes or {})
     if not args.init_from:
         values.update(
             src_vocab_size=tokenizer.vocab_size,
@@ -372,7 +373,11 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
 
     source = corpus_source(args)
     corpus = None
-    if source is not None:
+    if args.task == "classify":  # --train-tsv of labelled texts (cli/train_classify.py)
+        from flax_transformer.cli.train_classify import ClassifyInput
+
+        corpus = ClassifyInput(args, workdir)
+    elif source is not None:
         from flax_transformer.cli.train_data import CorpusInput, kind_of
 
         corpus = CorpusInput(args, source, kind_of(args, source[0]))
@@ -415,7 +420,8 @@ def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int
     if not (args.resume or is_primary()):
         barrier("run files written")  # the other processes use process 0's tokenizer
     tokenizer = make_tokenizer(args, data, workdir, corpus.bpe_texts if corpus else None)
-    config = make_config(args, tokenizer, workdir)
+    classify = args.task == "classify"
+    config = make_config(args, tokenizer, workdir, corpus.config_changes() if classify else None)
     check_token_budget(options, config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -466,6 +472,8 @@ def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int
             run_dir.write_tokenizer(workdir, tokenizer)
             if args.init_from:
                 carried = run_dir.carry_files(args.init_from, init_run.get("carry", []), workdir)
+            if classify:  # labels.json, and hf_config.json with them
+                corpus.write_run_files(workdir)
         run_dir.write_run_json(
             workdir,
             model=kind,
@@ -491,7 +499,8 @@ def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int
         f"workdir {workdir}"
     )
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
-              resume=args.resume and not restart, restarted=restart)  # fmt: skip
+              resume=args.resume and not restart, restarted=restart,
+              labels=corpus.labels if classify else None)  # fmt: skip
     results = run_training(job, hooks)
     if not is_primary():
         return 0  # process 0 writes the results
@@ -520,11 +529,12 @@ def print_summary(results: dict, workdir: Path) -> None:
             f"{results['steps']}; pass a larger --steps to train on); evaluated again"
         )
     else:
+        unit = "examples/s" if "macro_f1" in results else "target tokens/s"  # (a classifier's)
         # Speed counts the training steps only; the wall time adds reading and tokenizing
         # the data, evaluations, checkpoints and the final decode.
         print(
             f"\ntrained {results['steps']} steps{early} in {results['train_time_s']:.0f} s of "
-            f"training ({results['tokens_per_sec']:.0f} target tokens/s; "
+            f"training ({results['tokens_per_sec']:.0f} {unit}; "
             f"{results['wall_time_s']:.0f} s in all)"
         )
     line = f"valid loss {results['valid_loss']:.4f}, token accuracy {results['token_accuracy']:.4f}"
@@ -532,7 +542,14 @@ def print_summary(results: dict, workdir: Path) -> None:
         line += f", exact match {results['exact_match']:.4f}, BLEU {results['bleu']:.2f}"
     if "perplexity" in results:
         line += f", perplexity {results['perplexity']:.2f}"
+    if "macro_f1" in results:  # a classifier
+        line += f", accuracy {results['accuracy']:.4f}, macro-F1 {results['macro_f1']:.4f}"
     print(line)
+    for name, label in results.get("per_label", {}).items():
+        print(
+            f"  {name}: precision {label['precision']:.3f}, recall {label['recall']:.3f}, "
+            f"F1 {label['f1']:.3f} ({label['support']} examples)"
+        )
     for example in results.get("examples", []):
         mark = "ok " if example["hypothesis"] == example["reference"] else "BAD"
         print(

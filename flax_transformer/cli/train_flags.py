@@ -93,7 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     default_task = DataOptions.task
     data = p.add_argument_group(f"data (choose one source; default: --task {default_task})")
     # --task defaults to None so that a second source is an error, not an override.
-    task = {"default": None, "help": f"built-in generated task (default: {default_task})"}
+    task = {
+        "default": None,
+        "help": f"built-in generated task (default: {default_task}); classify: fine-tune the "
+        "--init-from encoder on --train-tsv's 'text<TAB>label' lines (docs/training.md)",
+    }
     add_option_flags(
         data,
         DataOptions,
@@ -243,10 +247,14 @@ def _flag_values(parser, path, flag) -> dict:
 def check_args(args) -> None:
     """What no options class can see: flags that go together. Values are checked by the options
     classes (options_from_args)."""
+    from flax_transformer.training.data import CLASSIFY
     from flax_transformer.training.options import DataOptions
 
     check_workdir_not_input(args)  # first: a run that would write over its input is the worst
+    check_classify_args(args)
     sources = [s for s in ("task", "train_tsv", "lm_text", "train_jsonl") if getattr(args, s)]
+    if args.task == CLASSIFY:
+        sources.remove("task")  # it says how to read --train-tsv
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
@@ -283,6 +291,28 @@ def check_args(args) -> None:
             check_mesh_spans_processes(make_mesh(args.mesh))
         except MeshError as err:
             raise UsageError(f"--mesh: {err}") from None
+
+
+def check_classify_args(args) -> None:
+    """--task classify reads --train-tsv (and --valid-tsv) as `text<TAB>label` lines and
+    fine-tunes the encoder of --init-from; flags that do not go with it are refused by name."""
+    from flax_transformer.training.data import CLASSIFY
+
+    if args.task != CLASSIFY:
+        return
+    if not args.train_tsv:
+        raise UsageError("--task classify needs --train-tsv (one 'text<TAB>label' per line)")
+    if not args.init_from:  # (on --resume too: the model's config is the init run's)
+        raise UsageError(
+            "--task classify fine-tunes an encoder: give --init-from RUN (e.g. an `ftx hf "
+            "import` of a BERT, RoBERTa or DistilBERT model)"
+        )
+    refused = [f for f in ("lm_text", "train_jsonl", "valid_jsonl", "pack") if getattr(args, f)]
+    if args.keep_best == "exact_match":
+        refused.append("keep_best exact_match")
+    if refused:
+        names = ", ".join("--" + f.replace("_", "-") for f in refused)
+        raise UsageError(f"--task classify does not take {names}")
 
 
 # The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.

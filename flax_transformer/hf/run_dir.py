@@ -25,7 +25,7 @@ from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
 from flax_transformer.hf.tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.spec.config import config_diff
-from flax_transformer.spec.kinds import LM, SEQ2SEQ, check_kind
+from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind
 from flax_transformer.training import run_dir as layout
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import enable_x64_for, load_run
@@ -54,7 +54,9 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
     # The decoder's first token: an LM's bos, a seq2seq model's decoder start; a bare encoder
     # decodes nothing (its tokenizer's bos is the pad id, never used).
     first = {LM: cfg.bos_id, SEQ2SEQ: cfg.decoder_start_id}.get(kind, cfg.pad_id)
-    if first is None or cfg.eos_id is None:
+    # (BERT's config.json names no eos_token_id: a bare encoder ends nothing, so pad stands in.)
+    eos = cfg.pad_id if kind == ENCODER and cfg.eos_id is None else cfg.eos_id
+    if first is None or eos is None:
         what = "bos_token_id" if kind == LM else "decoder_start_token_id"
         raise ValueError(f"{hf_dir}/config.json: a run needs {what} and eos_token_id")
     # Written whole into a staging directory that becomes run_dir at the end: an interrupted
@@ -65,7 +67,7 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
             model.tokenizer,
             pad_id=cfg.pad_id,
             bos_id=first,
-            eos_id=cfg.eos_id,
+            eos_id=eos,
             vocab_size=cfg.tgt_vocab_size,
         )
         layout.write_tokenizer(staging, tokenizer)

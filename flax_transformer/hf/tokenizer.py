@@ -59,6 +59,12 @@ class HFTokenizer:
         """Token ids without special tokens (the callers add bos / eos where they belong)."""
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
 
+    def encode_input(self, text: str) -> list[int]:
+        """The ids a model reads for `text` on its own, with the tokenizer's special tokens
+        ([CLS] text [SEP] for BERT, <s> text </s> for RoBERTa): what `tokenizer(text)` gives,
+        the input of a sequence classifier."""
+        return list(self._tok(text)["input_ids"])
+
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text, special tokens skipped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -5,7 +5,8 @@ Sequence conventions (byte tokenizer default, pad=0, bos=1, eos=2):
            tgt_out = encode(target) + [eos]
   LM:      tokens = [bos] + encode(text) + [eos]; tgt_in = tokens[:-1]; tgt_out = tokens[1:]
 Batches are dicts of int32 numpy arrays padded with pad_id: seq2seq {"src", "tgt_in",
-"tgt_out"}, LM {"tgt_in", "tgt_out"}, all (batch, bucket_len).
+"tgt_out"}, LM {"tgt_in", "tgt_out"}, all (batch, bucket_len); a classifier's (--task
+classify) {"src" (batch, bucket_len), "labels" (batch,)}.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.files.text_lines import BOM, LineDecodeError, decode_line, split_lines
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ
 from flax_transformer.training.packing import pack_examples, plan_packed_batches
 from flax_transformer.training.token_batches import plan_token_batches
 
 TASKS = ("copy", "reverse", "sort")
+# Not a generated task: fine-tune an --init-from encoder as a classifier of --train-tsv's
+# `text<TAB>label` lines (training/classification.py).
+CLASSIFY = "classify"
 LONG_POLICIES = ("skip", "truncate", "error")
 
 
@@ -87,7 +91,7 @@ def held_out(pairs: list[Pair], train: list[Pair]) -> list[Pair]:
     return kept
 
 
-def _read_lines(path: str | Path, what: str) -> list[str]:
+def read_lines(path: str | Path, what: str) -> list[str]:
     """Lines of a UTF-8 file (a leading BOM dropped), with errors that name the file and line."""
     path = Path(path)
     try:
@@ -166,7 +170,7 @@ def tsv_pair(path, number: int, line: str) -> Pair | None:
 def read_tsv(path: str | Path) -> list[Pair]:
     """One `source<TAB>target` pair per line; blank lines are skipped."""
     pairs = []
-    for number, line in enumerate(_read_lines(path, "TSV file"), start=1):
+    for number, line in enumerate(read_lines(path, "TSV file"), start=1):
         pair = tsv_pair(path, number, line)
         if pair is not None:
             pairs.append(pair)
@@ -179,7 +183,7 @@ def read_text_lines(path: str | Path) -> list[Pair]:
     """Non-blank lines of a text file as LM documents (target only)."""
     docs = [
         Pair("", line, f"{path}:{number}")
-        for number, line in enumerate(_read_lines(path, "text file"), start=1)
+        for number, line in enumerate(read_lines(path, "text file"), start=1)
         if line.strip()
     ]
     if not docs:
@@ -287,6 +291,35 @@ def check_dataset_ids(dataset: Dataset, vocab_size: int) -> None:
                 )
 
 
+@dataclasses.dataclass
+class LabelledDataset:
+    """Texts with a class each (--task classify): `src[i]` the tokens a sequence classifier
+    reads (special tokens included), `labels[i]` its class number, `pairs[i].target` the label's
+    name. Batches are {"src": (batch, bucket_len), "labels": (batch,)}, label -1 on padding
+    rows (make_batch)."""
+
+    src: list[np.ndarray]
+    labels: np.ndarray  # (examples,) int32
+    pairs: list[Pair]
+
+    kind = ENCODER
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def head(self, count: int) -> LabelledDataset:
+        """The first `count` examples (all of them when there are fewer)."""
+        return LabelledDataset(self.src[:count], self.labels[:count], self.pairs[:count])
+
+    def lengths(self) -> np.ndarray:
+        """Per example, its token count (what its bucket must hold)."""
+        return np.array([len(s) for s in self.src])
+
+    def check_ids(self, vocab_size: int) -> None:
+        """Every token id inside [0, vocab_size), or a DataError naming the file and line."""
+        check_dataset_ids(Dataset([], [], self.src, self.pairs), vocab_size)
+
+
 def encode_documents(docs: list[Pair], tokenizer, max_len: int) -> Dataset:
     """LM examples; a document longer than max_len is cut into consecutive windows."""
     tgt_in, tgt_out, kept = [], [], []
@@ -323,6 +356,10 @@ def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: 
             out[row, : len(tokens)] = tokens
         return out
 
+    if isinstance(dataset, LabelledDataset):
+        labels = np.full((batch_size,), -1, np.int32)  # -1: a padding row, no example
+        labels[: len(indices)] = dataset.labels[np.asarray(indices, np.int64)]
+        return {"src": stack(dataset.src), "labels": labels}
     batch = {"tgt_in": stack(dataset.tgt_in), "tgt_out": stack(dataset.tgt_out)}
     if dataset.src is not None:
         batch["src"] = stack(dataset.src)

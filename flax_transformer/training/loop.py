@@ -31,8 +31,9 @@ import optax
 from tqdm import tqdm
 
 from flax_transformer.files.space import out_of_space_message
-from flax_transformer.nn.kinds import is_lm, model_for
+from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.kinds import SEQ2SEQ
 from flax_transformer.training import run_dir
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import (
@@ -40,6 +41,7 @@ from flax_transformer.training.checkpoint import (
     CheckpointWriteError,
     is_disk_full,
 )
+from flax_transformer.training.classification import LabelChoice, evaluate_classifier, scores_of
 from flax_transformer.training.data import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
@@ -51,7 +53,7 @@ from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
 from flax_transformer.training.interrupts import interrupted
 from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
-from flax_transformer.training.plots import plot_attention, plot_curves
+from flax_transformer.training.plots import plot_attention, plot_confusion, plot_curves
 from flax_transformer.training.profiling import StepProfiler, parse_step_range
 from flax_transformer.training.run import init_params_from
 from flax_transformer.training.run_dir import read_metrics, truncate_metrics  # noqa: F401
@@ -80,6 +82,7 @@ class Job:
     options: TrainOptions
     resume: bool = False
     restarted: bool = False  # a --resume of a run that saved no checkpoint: from step 0 again
+    labels: LabelChoice | None = None  # a sequence classifier's classes (--task classify)
 
 
 # ----------------------------------------------------------------------------- metrics file
@@ -181,7 +184,10 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             truncate_metrics(metrics_path, resumed_at)
         print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
-        init = init_params_from(opt.init_from, cfg, job.model_kind) if opt.init_from else None
+        fresh = job.labels.fresh_params if job.labels else None  # a classifier's new layers
+        init = None
+        if opt.init_from:
+            init = init_params_from(opt.init_from, cfg, job.model_kind, fresh, opt.seed)
         state = create_train_state(model, optimizer, opt.seed, init)
         if primary:
             truncate_metrics(metrics_path, 0)  # a new run: an empty metrics.jsonl
@@ -231,6 +237,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     # A progress bar redraws itself with carriage returns and escape codes: on a terminal only.
     # Elsewhere (a log file) each logged step is one plain line.
     plain = not sys.stderr.isatty()
+    unit = "examples" if job.labels else "tok"  # what a step's "token_count" counts
     bar = tqdm(
         total=opt.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
         disable=plain or not primary,
@@ -276,7 +283,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                 if plain and primary:
                     print(
                         f"step {done}/{opt.steps}: train loss {record['train_loss']:.4f}, "
-                        f"{tokens / train_time:.0f} tok/s",
+                        f"{tokens / train_time:.0f} {unit}/s",
                         flush=True,
                     )
             if eval_now:
@@ -287,6 +294,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
                     f"step {done}: valid loss {scores['valid_loss']:.4f}, token accuracy "
                     f"{scores['token_accuracy']:.4f}"
                     + ("" if match is None else f", exact match {match:.4f}")
+                    + (f", macro-F1 {scores['macro_f1']:.4f}" if "macro_f1" in scores else "")
                 )
                 hook_stop = ask("eval", done, scores, state)
                 if tracker is not None and tracker.update(done, scores) and best_checkpointer:
@@ -434,7 +442,10 @@ def smallest_batch(opt: TrainOptions, cfg: TransformerConfig, multiple: int) -> 
 
 def evaluate(job: Job, model, eval_step, params, valid_batches) -> dict[str, float]:
     """Validation loss and token accuracy; exact match too when --keep-best asks for it (it
-    decodes the validation set, the final evaluation's cost at every evaluation)."""
+    decodes the validation set, the final evaluation's cost at every evaluation); a
+    classifier's accuracy and macro-F1."""
+    if job.labels is not None:
+        return evaluate_classifier(eval_step, params, valid_batches, job.labels.names)[0]
     result = evaluate_loss(eval_step, params, valid_batches)
     scores = {"valid_loss": result["loss"], "token_accuracy": result["token_accuracy"]}
     if job.options.keep_best == "exact_match":
@@ -472,6 +483,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     params = state.params
     final = evaluate_loss(eval_step, params, valid_batches)
     scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
+    confusion = None
+    if job.labels is not None:  # + accuracy and macro-F1
+        scores, confusion = evaluate_classifier(eval_step, params, valid_batches, job.labels.names)
     # The run is over: a STOP changes nothing, and every checkpoint is on disk.
     call_hooks(hooks, StepInfo("eval", int(state.step), MappingProxyType(scores), state,
                                workdir, lambda: None))  # fmt: skip
@@ -484,7 +498,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     decoded_count = 0
     pictures = {}
     # Decoding is for results.json, which process 0 writes, and for --keep-best exact_match.
-    if not is_lm(model) and (is_primary() or opt.keep_best == "exact_match"):
+    if confusion is not None:
+        results |= scores_of(confusion, job.labels.names) | {"confusion": confusion.tolist()}
+    elif job.model_kind == SEQ2SEQ and (is_primary() or opt.keep_best == "exact_match"):
         decoded = evaluate_decoding(
             model,
             params,
@@ -512,6 +528,7 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     step = int(state.step)
     final_scores = {"valid_loss": final["loss"], "token_accuracy": final["token_accuracy"]}
     final_scores |= {"exact_match": results["exact_match"]} if "exact_match" in results else {}
+    final_scores |= {k: scores[k] for k in ("accuracy", "macro_f1") if k in scores}
     # A --resume of a finished run trained nothing: its final record is there already. (A run
     # stopped at an evaluation logs it, and then its final one, at the same step.)
     counts = {"valid_examples": len(job.valid_set), "decoded_examples": decoded_count}
@@ -529,13 +546,17 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         best_params = best_checkpointer.restore_params(params, tracker.best_step)
     if not is_primary():  # process 0 alone writes the pictures, weights and results
         return results | stats
-    if not is_lm(model):
+    if job.model_kind == SEQ2SEQ:
         pictures["attention"] = str(_attention_picture(model, params, job, workdir))
+    if confusion is not None:
+        names = job.labels.names
+        pictures["confusion"] = str(plot_confusion(confusion, names, workdir / run_dir.CONFUSION))
     tensorboard = log.tensorboard
     if "examples" in results:
         tensorboard.examples(results["examples"], step)
-    if "attention" in pictures:
-        tensorboard.image("valid/attention", Path(pictures["attention"]), step)
+    for name in ("attention", "confusion"):
+        if name in pictures:
+            tensorboard.image(f"valid/{name}", Path(pictures[name]), step)
     curves = workdir / run_dir.CURVES
     pictures["curves"] = str(plot_curves(read_metrics(run_dir.metrics_path(workdir)), curves))
     weights = run_dir.write_weights(workdir, "", params, cfg, job.model_kind)

@@ -16,7 +16,7 @@ from typing import Any
 
 from flax_transformer.spec.validate import SEED, Bool, Choice, Float, Int, Rule, Text
 from flax_transformer.training.best import METRICS
-from flax_transformer.training.data import LONG_POLICIES, TASKS
+from flax_transformer.training.data import CLASSIFY, LONG_POLICIES, TASKS
 from flax_transformer.training.optim import SCHEDULES
 from flax_transformer.training.profiling import parse_step_range
 from flax_transformer.training.tokenizer import BPE_MIN_VOCAB, TOKENIZERS
@@ -180,7 +180,12 @@ class TrainOptions:
 class DataOptions:
     """How train.py makes its data when no file is given, and how it tokenizes."""
 
-    task: str = option("reverse", "built-in generated task", choices=TASKS)
+    task: str = option(
+        "reverse",
+        f"built-in generated task; {CLASSIFY}: fine-tune --init-from's encoder on --train-tsv "
+        "'text<TAB>label' lines",
+        choices=(*TASKS, CLASSIFY),
+    )
     task_min_len: int = option(1, "shortest task string", Int(min=1))
     task_max_len: int = option(16, "longest task string", Int(min=1))
     task_train_size: int = option(100000, "training strings", Int(min=1))

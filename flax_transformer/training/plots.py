@@ -1,4 +1,5 @@
-"""Pictures a person would rather look at than read: training curves and attention heatmaps.
+"""Pictures a person would rather look at than read: training curves, attention heatmaps and
+a classifier's confusion matrix.
 
 matplotlib with the Agg backend (no display needed)."""
 
@@ -26,6 +27,10 @@ def plot_curves(records: list[dict], path: str | Path) -> Path:
         steps = [r["step"] for r in valid]
         ax_loss.plot(steps, [r["valid_loss"] for r in valid], "o-", label="valid")
         ax_acc.plot(steps, [r["token_accuracy"] for r in valid], "o-", label="token accuracy")
+        scored = [r for r in valid if "macro_f1" in r]  # a classifier's
+        if scored:
+            ax_acc.plot([r["step"] for r in scored], [r["macro_f1"] for r in scored], "s-",
+                        label="macro-F1")  # fmt: skip
         decoded = [r for r in valid if "exact_match" in r]
         if decoded:
             ax_acc.plot(
@@ -77,6 +82,35 @@ def plot_attention(
             if layer == len(maps) - 1:
                 ax.set_xlabel("source (key)")
     fig.suptitle("Cross-attention of one validation example")
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_confusion(
+    matrix: np.ndarray, names: list[str] | tuple[str, ...], path: str | Path
+) -> Path:
+    """The confusion matrix of a classifier's validation set: rows the true labels, columns the
+    predicted ones, each cell its count (shaded by the share of its row)."""
+    matrix = np.asarray(matrix)
+    size = max(3.5, 0.6 * len(names) + 2.0)
+    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    rows = np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    ax.imshow(matrix / rows, cmap="Blues", vmin=0.0, vmax=1.0)
+    ticks = range(len(names))
+    ax.set_xticks(ticks, names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(ticks, names, fontsize=8)
+    for (row, col), count in np.ndenumerate(matrix):
+        shade = matrix[row, col] / rows[row, 0]
+        ax.text(col, row, str(count), ha="center", va="center", fontsize=8,
+                color="white" if shade > 0.5 else "black")  # fmt: skip
+    accuracy = np.trace(matrix) / max(matrix.sum(), 1)
+    ax.set(
+        xlabel="predicted", ylabel="true", title=f"Validation confusion (accuracy {accuracy:.3f})"
+    )
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:

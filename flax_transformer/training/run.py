@@ -14,7 +14,7 @@ import numpy as np
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
-from flax_transformer.spec.naming import flatten_params
+from flax_transformer.spec.naming import flatten_params, unflatten_params
 from flax_transformer.spec.tree_check import ConversionError, check_tree
 from flax_transformer.training import run_dir
 from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
@@ -99,19 +99,60 @@ def enable_x64_for(workdir: str | Path) -> None:
         jax.config.update("jax_enable_x64", True)
 
 
-def init_params_from(init_dir: str | Path, config: TransformerConfig, kind: str):
+def init_params_from(
+    init_dir: str | Path, config: TransformerConfig, kind: str, fresh=None, seed: int = 0
+):
     """train.py --init-from: the params (inner tree) of a run directory's checkpoint, which
     must be of the same model kind and config as the new run; in the new run's parameter
-    dtype (--dtype: e.g. a float32 import fine-tuned in float64)."""
+    dtype (--dtype: e.g. a float32 import fine-tuned in float64).
+
+    `fresh` (a classifier fine-tuned from an encoder, --task classify): parameter paths to
+    start afresh, e.g. ("head/classifier",); the config may then differ from the run's in
+    its head (HEAD_FIELDS). Parameters the run lacks or holds in another shape, and those
+    under `fresh`, come from a new initialisation with `seed`; the run's parameters the new
+    model has no place for (a masked-LM head) are left out. Both are said in one line."""
     run = load_run(init_dir)
     if run.model_kind != kind:
         raise ValueError(f"--init-from {init_dir}: a {run.model_kind} model, not a {kind} one")
     runtime = ("dropout_rate", "attention_impl", "remat", "dtype", "param_dtype")
-    diff = config_diff(run.config, config, ignore=runtime)
+    diff = config_diff(run.config, config, ignore=runtime + (HEAD_FIELDS if fresh else ()))
     if diff:
         raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
     dtype = jax.numpy.dtype(config.param_dtype)
-    return jax.tree.map(lambda leaf: jax.numpy.asarray(leaf, dtype), run.params["params"])
+    params = jax.tree.map(lambda leaf: jax.numpy.asarray(leaf, dtype), run.params["params"])
+    if fresh is None:
+        return params
+    return _with_new_layers(params, model_for(config, kind), tuple(fresh), seed)
+
+
+# The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a
+# masked LM changes them (init_params_from with `fresh`).
+HEAD_FIELDS = ("head", "pooler", "num_labels")
+
+
+def _with_new_layers(saved, model, fresh: tuple[str, ...], seed: int):
+    """The new model's params: `saved` where it has the path and shape (and the path is not
+    under `fresh`), else a new initialisation from `seed`."""
+    from flax_transformer.training.state import init_params
+
+    new = flatten_params(init_params(model, seed))
+    old = flatten_params(saved)
+    taken, started = {}, []
+    for path, leaf in new.items():
+        name = "/".join(path)
+        kept = path in old and old[path].shape == leaf.shape
+        if kept and not any(name == f or name.startswith(f + "/") for f in fresh):
+            taken[path] = old[path]
+        else:
+            taken[path] = leaf
+            started.append(name)
+    dropped = sorted("/".join(p) for p in old if p not in new)
+    modules = sorted({name.rsplit("/", 1)[0] for name in started})
+    print(
+        "--init-from: new " + (", ".join(modules) or "nothing")
+        + (f"; left out {', '.join(dropped)}" if dropped else "")
+    )  # fmt: skip
+    return unflatten_params(taken)
 
 
 def check_matches_checkpoint(config, abstract, saved_shapes, workdir: Path, step: int) -> None:

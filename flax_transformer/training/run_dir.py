@@ -24,6 +24,9 @@ metrics.jsonl (METRICS)         append_metrics, truncate_metrics (loop) -> read_
 tensorboard/                    the loop (TensorBoardLog) -> TensorBoard; event files
 profile/                        the loop (--profile-steps) -> TensorBoard / Perfetto
 curves.png, attention.png       the loop (plots) -> people; PNG
+confusion.png                   the loop (plots; --task classify) -> people; PNG
+labels.json (LABELS)            write_labels (train --task classify) -> read_labels: the loop,
+                                --resume, `ftx classify`; JSON list of label names by class
 flax_params.safetensors,        write_weights (loop; with --keep-best also best_*) -> parity,
 torch_model.safetensors         torch_reference, people; safetensors
 results.json (RESULTS)          write_results (train) -> read_results, people; JSON
@@ -64,6 +67,8 @@ TENSORBOARD = "tensorboard"
 PROFILE = "profile"
 CURVES = "curves.png"
 ATTENTION = "attention.png"
+CONFUSION = "confusion.png"
+LABELS = "labels.json"
 FLAX_WEIGHTS = "flax_params.safetensors"
 TORCH_WEIGHTS = "torch_model.safetensors"
 BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
@@ -110,6 +115,10 @@ LAYOUT = (
           "--profile-steps"),
     Entry(CURVES, "the loop (plots)", "people", "PNG"),
     Entry(ATTENTION, "the loop (plots)", "people", "PNG", "seq2seq"),
+    Entry(CONFUSION, "the loop (plots)", "people", "PNG", "--task classify"),
+    Entry(LABELS, "write_labels (train --task classify)",
+          "read_labels: the loop, --resume, classify", "JSON list of label names",
+          "--task classify"),
     Entry(FLAX_WEIGHTS, "write_weights (loop)", "parity, people", "safetensors"),
     Entry(TORCH_WEIGHTS, "write_weights (loop)", "parity, torch_reference", "safetensors"),
     Entry(BEST_PREFIX + FLAX_WEIGHTS, "write_weights (loop)", "people", "safetensors",
@@ -188,6 +197,30 @@ def read_tokenizer(workdir: Path):
     from flax_transformer.training.tokenizer import load_tokenizer
 
     return load_tokenizer(Path(workdir) / TOKENIZER)
+
+
+def write_labels(workdir: Path, names) -> None:
+    """labels.json: a classifier's label names, class 0 first (--task classify)."""
+    atomic_write_text(Path(workdir) / LABELS, json.dumps(list(names), indent=2) + "\n")
+
+
+def read_labels(workdir: Path) -> tuple[str, ...] | None:
+    """A classifier run's label names (class 0 first), or None when the run has no labels.json;
+    a ValueError naming the file when it is not a list of distinct strings."""
+    path = Path(workdir) / LABELS
+    if not path.exists():
+        return None
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not readable JSON ({err})") from None
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise ValueError(f"{path}: expected a JSON list of distinct label names")
+    return tuple(names)
 
 
 # ----------------------------------------------------------------------------- run.json

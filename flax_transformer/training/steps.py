@@ -77,7 +77,24 @@ def loss_fn(
     """(mean loss over real target tokens, aux {"loss_sum", "token_count", "correct"})."""
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     logits = compute_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
+    if "labels" in batch:  # a sequence classifier (--task classify): logits (B, num_labels)
+        return classifier_loss(logits, batch["labels"], label_smoothing)
     return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
+
+
+def classifier_loss(logits, labels, label_smoothing: float = 0.0):
+    """logits (B, num_labels), labels (B,) with -1 on padding rows -> (mean loss over the
+    examples, aux sums as loss_from_logits's: "token_count" counts examples, "correct" the
+    right predictions); also "predictions" (B,), which add_sums leaves out."""
+    weights = labels >= 0
+    targets = jnp.maximum(labels, 0)[:, None]  # (B, 1): one "token" per example
+    loss_sum, count = smoothed_cross_entropy(
+        logits[:, None, :], targets, weights[:, None], label_smoothing
+    )
+    predictions = jnp.argmax(logits, axis=-1)
+    correct = jnp.sum((predictions == labels) & weights)
+    aux = {"loss_sum": loss_sum, "token_count": count, "correct": correct}
+    return loss_sum / jnp.maximum(count, 1.0), aux | {"predictions": predictions}
 
 
 def loss_from_logits(logits, targets, pad_id: int, label_smoothing: float = 0.0):
@@ -147,6 +164,7 @@ def make_train_step(
         grads, aux = compute_grads(state.params, batch, dropout_rng)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        aux = {k: v for k, v in aux.items() if k != "predictions"}  # (a classifier's; eval's)
         metrics = dict(aux, grad_norm=optax.tree.norm(grads))
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics

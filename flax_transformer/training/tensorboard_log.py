@@ -21,7 +21,8 @@ import numpy as np
 # metrics.jsonl record key -> scalar name, per record kind
 _TRAIN = {"train_loss": "loss", "lr": "lr", "grad_norm": "grad_norm"}
 _TRAIN |= {"tokens_per_sec": "tokens_per_sec"}
-_EVAL = {"valid_loss": "loss", "token_accuracy": "token_accuracy", "exact_match": "exact_match"}
+_EVAL = {"valid_loss": "loss", "token_accuracy": "token_accuracy", "exact_match": "exact_match",
+         "accuracy": "accuracy", "macro_f1": "macro_f1"}  # fmt: skip
 
 
 class TensorBoardLog:
