@@ -19,6 +19,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flax_transformer.cli.train", "train a model (the built-in task or your data)"),
     "generate": ("flax_transformer.decoding.cli", "translate / continue text with a run"),
+    "classify": ("flax_transformer.cli.classify", "label texts with a sequence classifier run"),
     "score": ("flax_transformer.cli.score", "score a test set: loss, BLEU, exact match"),
     "convert": ("flax_transformer.interop.convert", "weight files: torch <-> Flax safetensors"),
     "parity": ("flax_transformer.parity.cli", "where two sets of weights start to differ"),
