@@ -42,7 +42,8 @@ def test_ftx_help_lists_every_command_with_one_line(capsys):
     for name, (_, line) in COMMANDS.items():
         assert f"  {name}" in out and line in out
     assert set(COMMANDS) == {
-        "train", "generate", "score", "convert", "parity", "export", "hf", "launch", "demo"
+        "train", "generate", "classify", "score", "convert", "parity", "export", "hf", "launch",
+        "demo",
     }  # fmt: skip
 
 

@@ -30,6 +30,7 @@ BUCKET = 16  # batch widths are rounded up to a multiple of this: fewer compilat
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags of `ftx classify` (argparse exits with status 2 on a bad one)."""
     parser = argparse.ArgumentParser(
         prog="ftx classify",
         description="Label each input line with a sequence classifier run: label<TAB>probability.",
