@@ -5,6 +5,8 @@
 - `compare`: the API (`compare_models`, `compare_weights`); `inputs`: token batches;
 - `modules`: `compare_modules` / `assert_parity` for any torch module against any Flax port,
   with `module_capture`, `pairing`, `transforms` and `diagnosis` (the weight verdict);
+  `hf_bert`: the BERT family's mapping for it (transformers' BERT, RoBERTa, DistilBERT against
+  `hf.load`'s Flax encoder) and `compare_hf_encoder`;
   `cli`: `python -m flax_transformer.parity A B`.
 """
 
@@ -17,6 +19,10 @@ _EXPORTS = {
     "Diagnosis": "flax_transformer.parity.diagnosis",
     "EXCLUDE": "flax_transformer.parity.pairing",
     "compare_weights": "flax_transformer.parity.compare",
+    "compare_hf_encoder": "flax_transformer.parity.hf_bert",
+    "bert_module_names": "flax_transformer.parity.hf_bert",
+    "encoder_module_names": "flax_transformer.parity.hf_bert",
+    "encoder_parity_options": "flax_transformer.parity.hf_bert",
     "ParityInputError": "flax_transformer.parity.inputs",
     "make_batch": "flax_transformer.parity.inputs",
     "batch_from_texts": "flax_transformer.parity.inputs",
