@@ -172,6 +172,13 @@ def test_fine_tune_export_and_transformers_predict_the_same(imported, tmp_path, 
     assert [r["step"] for r in evals] == [75, 150]
     assert all({"accuracy", "macro_f1"} <= set(r) for r in evals)
 
+    # --resume (the same flags, more steps) continues with the run's labels and head.
+    argv[argv.index("--steps") + 1] = "160"
+    assert train.main([*argv, "--resume"]) == 0
+    assert "resumed from step 150" in capsys.readouterr().out
+    resumed = json.loads((workdir / "results.json").read_text())
+    assert resumed["steps"] == 160 and resumed["accuracy"] >= 0.95
+
     assert hf_main(["export", str(workdir), str(tmp_path / "hf")]) == 0
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
     assert type(model).__name__ == "BertForSequenceClassification"
