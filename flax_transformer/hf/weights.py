@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,8 @@ from flax_transformer.spec.validate import weight_problems
 IGNORED = {t: f.ignored_keys for f in FAMILIES for t in f.model_types if f.ignored_keys}
 PREFIX = {t: f.prefix for f in FAMILIES for t in f.model_types}
 HEAD_KEYS = ("lm_head.weight", "final_logits_bias")
+# The canonical names of what a class adds over its base model (an encoder's pooler and head).
+HEAD_PARAMS = ("head.", "pooler.")
 __all__ = [
     "HEAD_KEYS",
     "IGNORED",
@@ -47,10 +50,13 @@ __all__ = [
     "expected_hf_shapes",
     "hf_state_to_params",
     "hf_to_canonical",
+    "loaded_names",
+    "missing_head",
     "normalize_hf_state",
     "numpy_dtype",
     "params_to_hf_state",
     "tied_groups",
+    "unused_keys",
 ]
 
 
@@ -98,6 +104,32 @@ def _family_config(hf_config: str | Mapping[str, Any]) -> tuple[Family, Mapping[
 
 
 # ----------------------------------------------------------------------------- HF -> canonical
+def loaded_names(state: Mapping[str, Any], family: Family) -> dict[str, str]:
+    """{key in the file: key as transformers loads it}: the family's prefix added to every key
+    (but HEAD_KEYS) of a file whose keys all lack it (a base model saved bare, e.g. BertModel's
+    `embeddings.*`), every key as it is otherwise."""
+    bare = bool(state) and not any(k.startswith(family.prefix) for k in state)
+    return {k: family.prefix + k if bare and k not in HEAD_KEYS else k for k in state}
+
+
+def unused_keys(
+    state: Mapping[str, Any], hf_config: Mapping[str, Any], expected: Collection[str]
+) -> list[str]:
+    """The keys of `state` (as in the file) holding weights of another class of the family
+    (Family.other_class_keys) that the config's class does not use: not `expected` (the HF
+    keys the class loads), nor tied to a key it loads. transformers' from_pretrained leaves
+    them unused (the NSP head of a BertForPreTraining file read as BertModel)."""
+    family = family_for(hf_config["model_type"])
+    if family.other_class_keys is None:
+        return []
+    tied = {k for group in tied_groups(hf_config) if set(group) & set(expected) for k in group}
+    return sorted(
+        key
+        for key, name in loaded_names(state, family).items()
+        if family.other_class_keys.fullmatch(name) and name not in expected and name not in tied
+    )
+
+
 def normalize_hf_state(
     state: Mapping[str, np.ndarray],
     hf_config: Mapping[str, Any],
@@ -111,9 +143,8 @@ def normalize_hf_state(
     and dropped, and a missing `final_logits_bias` set to zeros (transformers leaves it at its
     zero init)."""
     family = family_for(hf_config["model_type"], where)
-    state = dict(state)
-    if state and not any(k.startswith(family.prefix) for k in state):
-        state = {(k if k in HEAD_KEYS else family.prefix + k): v for k, v in state.items()}
+    names = loaded_names(state, family)
+    state = {names[k]: v for k, v in state.items()}
     if family.ignored_keys is not None:
         state = {k: v for k, v in state.items() if not family.ignored_keys.search(k)}
     for source, *targets in tied_groups(hf_config):
@@ -219,9 +250,39 @@ def expected_hf_shapes(
 
 
 def check_hf_state(state, canonical_shapes, hf_config: str | Mapping[str, Any], where: str):
-    """One ConversionError naming every missing, unexpected or mis-shaped HF tensor."""
+    """One ConversionError naming every missing, unexpected or mis-shaped HF tensor; when the
+    class's head (or pooler) is missing, a last line says so (missing_head)."""
     found = {k: tuple(np.shape(v)) for k, v in state.items()}
-    check_tree(found, expected_hf_shapes(canonical_shapes, hf_config), where, what="tensor")
+    expected = expected_hf_shapes(canonical_shapes, hf_config)
+    try:
+        check_tree(found, expected, where, what="tensor")
+    except ConversionError as err:
+        family, hf_config = _family_config(hf_config)
+        head = missing_head(found, expected, hf_config)
+        if not head:
+            raise
+        renames = family.renames(hf_config)
+        part = "pooler" if all(_rename(k, renames).startswith("pooler.") for k in head) else "head"
+        raise ConversionError(
+            f"{err}\n  config.json's architectures name {family.architecture(hf_config)}, whose "
+            f"{part} the file does not hold ({', '.join(head)} missing): it was saved from "
+            "another class (a base model or another head). transformers' from_pretrained would "
+            "initialise these at random; hf.load loads only what the file holds: name the "
+            "class the file was saved from in config.json's architectures"
+        ) from None
+
+
+def missing_head(
+    found: Collection[str], expected: Collection[str], hf_config: Mapping[str, Any]
+) -> list[str]:
+    """The HF keys of the class's head and pooler (canonical `head.*`, `pooler.*`: what a
+    class adds over its base model) that are expected but not found."""
+    renames = _family_config(hf_config)[0].renames(hf_config)
+    return sorted(
+        k
+        for k in expected
+        if k not in found and (_rename(k, renames) or "").startswith(HEAD_PARAMS)
+    )
 
 
 def check_hf_weights(state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str) -> None:
@@ -273,6 +334,16 @@ def hf_state_to_params(
     def table() -> np.ndarray:  # the constant position table a file may hold (older Marian)
         return sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)
 
+    expected = expected_hf_shapes(canonical_shapes, hf_config)
+    unused = unused_keys(state, hf_config, expected)
+    if unused:
+        warnings.warn(
+            f"{where}: ignored {len(unused)} tensor(s) transformers does not use for "
+            f"{family_for(hf_config['model_type']).architecture(hf_config)}: " + ", ".join(unused),
+            stacklevel=3,
+        )
+        dropped = set(unused)
+        state = {k: v for k, v in state.items() if k not in dropped}
     check_hf_weights(state, hf_config, where)
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
     check_hf_state(state, canonical_shapes, hf_config, where)
