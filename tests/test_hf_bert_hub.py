@@ -1,9 +1,10 @@
 """BERT-family checkpoints as the Hub holds them: files saved from another class of the family
 (bert-base-uncased is BertForPreTraining's: the next-sentence head `cls.seq_relationship`, the
 masked LM head `cls.predictions`), old `position_ids` buffers, keys with and without the
-`bert.` prefix. hf.load reads them as transformers' from_pretrained of config.json's class
-does (float64, within 1e-12 of the largest value over the real tokens), names the tensors it
-ignored in one warning, and still refuses any other unexpected key and a missing head."""
+`bert.` prefix, TensorFlow-era `LayerNorm.gamma` / `beta` names. hf.load reads them as
+transformers' from_pretrained of config.json's class does (float64, within 1e-12 of the
+largest value over the real tokens), names the tensors it ignored in one warning, and still
+refuses any other unexpected key and a missing head."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from flax_transformer import hf
-from flax_transformer.hf.weights import unused_keys
+from flax_transformer.hf.families import family_for
+from flax_transformer.hf.weights import loaded_names, unused_keys
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.spec.tree_check import ConversionError
 
@@ -55,10 +57,13 @@ def pretraining(tmp_path_factory):
     return path, {k: v.numpy() for k, v in model.state_dict().items()}
 
 
-def _as_class(source, path, architecture, extra=None, drop=(), strip_prefix=False):
+def _as_class(
+    source, path, architecture, extra=None, drop=(), strip_prefix=False, legacy_norms=False
+):
     """A copy of the save_pretrained directory `source` whose config.json names
-    `architecture`, with `extra` tensors added, `drop` removed, and the `bert.` prefix cut
-    from every key when `strip_prefix` (a base model saved bare)."""
+    `architecture`, with `extra` tensors added, `drop` removed, the `bert.` prefix cut from
+    every key when `strip_prefix` (a base model saved bare), and the LayerNorms' weight and
+    bias named gamma and beta when `legacy_norms` (bert-base-uncased's files)."""
     path.mkdir()
     config = json.loads((source / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
@@ -66,6 +71,11 @@ def _as_class(source, path, architecture, extra=None, drop=(), strip_prefix=Fals
     state.update(extra or {})
     if strip_prefix:
         state = {k.removeprefix("bert."): v for k, v in state.items()}
+    if legacy_norms:
+        old = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
+        state = {
+            re.sub(r"LayerNorm\.(weight|bias)", lambda m: old[m[0]], k): v for k, v in state.items()
+        }
     save_file(state, path / "model.safetensors", metadata={"format": "pt"})
     return path
 
@@ -115,14 +125,16 @@ def _check_outputs(path, architecture, model):
 
 
 @pytest.mark.parametrize(
-    ("architecture", "ignored"),
-    [("BertModel", MLM + NSP), ("BertForMaskedLM", POOLER + NSP)],
+    ("architecture", "ignored", "legacy_norms"),
+    [("BertModel", MLM + NSP, False), ("BertForMaskedLM", POOLER + NSP, True)],
 )
 def test_a_pretraining_file_loads_as_the_class_config_names(
-    pretraining, tmp_path, architecture, ignored
+    pretraining, tmp_path, architecture, ignored, legacy_norms
 ):
-    """bert-base-uncased's case: the heads the class has no place for are ignored, named."""
-    path = _as_class(pretraining[0], tmp_path / "hub", architecture)
+    """bert-base-uncased's case: the heads the class has no place for are ignored, named;
+    its LayerNorm.gamma / beta names read as transformers renames them."""
+    path = _as_class(pretraining[0], tmp_path / "hub", architecture, legacy_norms=legacy_norms)
+    assert any(k.endswith(".gamma") for k in load_file(path / "model.safetensors")) == legacy_norms
     with jax.enable_x64(True):
         model, messages = _load_warned(path)
         assert sorted(_ignored(messages, path, architecture)) == sorted(ignored)
@@ -260,3 +272,9 @@ def test_the_family_data_names_the_other_classes_weights(
     hf_config = {"model_type": model_type, "architectures": [architecture]}
     state = dict.fromkeys(file, np.zeros(1, np.float32))
     assert unused_keys(state, hf_config, expected) == sorted(unused)
+
+
+def test_a_tensor_under_its_old_and_new_name_is_an_error():
+    state = dict.fromkeys(["bert.embeddings.LayerNorm.gamma", "bert.embeddings.LayerNorm.weight"])
+    with pytest.raises(ConversionError, match=r"^w: tensors stored twice.*LayerNorm\.gamma, "):
+        loaded_names(state, family_for("bert"), "w")

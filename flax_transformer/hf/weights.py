@@ -37,6 +37,9 @@ from flax_transformer.spec.validate import weight_problems
 IGNORED = {t: f.ignored_keys for f in FAMILIES for t in f.model_types if f.ignored_keys}
 PREFIX = {t: f.prefix for f in FAMILIES for t in f.model_types}
 HEAD_KEYS = ("lm_head.weight", "final_logits_bias")
+# Old spellings transformers renames in the keys of every model it loads (its "legacy"
+# conversion mapping): TensorFlow's LayerNorm names, kept by bert-base-uncased's files.
+LEGACY_RENAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
 # The canonical names of what a class adds over its base model (an encoder's pooler and head).
 HEAD_PARAMS = ("head.", "pooler.")
 __all__ = [
@@ -104,16 +107,33 @@ def _family_config(hf_config: str | Mapping[str, Any]) -> tuple[Family, Mapping[
 
 
 # ----------------------------------------------------------------------------- HF -> canonical
-def loaded_names(state: Mapping[str, Any], family: Family) -> dict[str, str]:
+def loaded_names(
+    state: Mapping[str, Any], family: Family, where: str = "the weights"
+) -> dict[str, str]:
     """{key in the file: key as transformers loads it}: the family's prefix added to every key
     (but HEAD_KEYS) of a file whose keys all lack it (a base model saved bare, e.g. BertModel's
-    `embeddings.*`), every key as it is otherwise."""
+    `embeddings.*`), and the LEGACY_RENAMES of every model applied (bert-base-uncased's
+    `LayerNorm.gamma`); ConversionError (naming `where`) when two keys would load as one."""
     bare = bool(state) and not any(k.startswith(family.prefix) for k in state)
-    return {k: family.prefix + k if bare and k not in HEAD_KEYS else k for k in state}
+    names = {}
+    for key in state:
+        name = family.prefix + key if bare and key not in HEAD_KEYS else key
+        for old, new in LEGACY_RENAMES:
+            name = name.replace(old, new)
+        names[key] = name
+    if len(set(names.values())) < len(names):
+        twice = sorted(k for k in names if list(names.values()).count(names[k]) > 1)
+        raise ConversionError(
+            f"{where}: tensors stored twice, under old and new names: {', '.join(twice)}"
+        )
+    return names
 
 
 def unused_keys(
-    state: Mapping[str, Any], hf_config: Mapping[str, Any], expected: Collection[str]
+    state: Mapping[str, Any],
+    hf_config: Mapping[str, Any],
+    expected: Collection[str],
+    where: str = "the weights",
 ) -> list[str]:
     """The keys of `state` (as in the file) holding weights of another class of the family
     (Family.other_class_keys) that the config's class does not use: not `expected` (the HF
@@ -125,7 +145,7 @@ def unused_keys(
     tied = {k for group in tied_groups(hf_config) if set(group) & set(expected) for k in group}
     return sorted(
         key
-        for key, name in loaded_names(state, family).items()
+        for key, name in loaded_names(state, family, where).items()
         if family.other_class_keys.fullmatch(name) and name not in expected and name not in tied
     )
 
@@ -137,13 +157,13 @@ def normalize_hf_state(
     marian_table: Callable[[], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The state as transformers' from_pretrained sees it: the base-model prefix added where a
-    base model was saved, ignored keys dropped, each tied group reduced to its source (a target
-    stands in for a missing source, as transformers' symmetric tying does), stored sinusoid
-    tables (older Marian checkpoints) checked against `marian_table()` (the config's table)
-    and dropped, and a missing `final_logits_bias` set to zeros (transformers leaves it at its
-    zero init)."""
+    base model was saved, old LayerNorm names renamed (loaded_names), ignored keys dropped,
+    each tied group reduced to its source (a target stands in for a missing source, as
+    transformers' symmetric tying does), stored sinusoid tables (older Marian checkpoints)
+    checked against `marian_table()` (the config's table) and dropped, and a missing
+    `final_logits_bias` set to zeros (transformers leaves it at its zero init)."""
     family = family_for(hf_config["model_type"], where)
-    names = loaded_names(state, family)
+    names = loaded_names(state, family, where)
     state = {names[k]: v for k, v in state.items()}
     if family.ignored_keys is not None:
         state = {k: v for k, v in state.items() if not family.ignored_keys.search(k)}
@@ -335,7 +355,7 @@ def hf_state_to_params(
         return sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)
 
     expected = expected_hf_shapes(canonical_shapes, hf_config)
-    unused = unused_keys(state, hf_config, expected)
+    unused = unused_keys(state, hf_config, expected, where)
     if unused:
         warnings.warn(
             f"{where}: ignored {len(unused)} tensor(s) transformers does not use for "
