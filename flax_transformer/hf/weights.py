@@ -5,8 +5,11 @@ as `model.encoder.layers.{i}.fc1.{p}` <-> `encoder.layers.{i}.ffn.linear1.{p}`. 
 renaming, as the family says: weights stored (in, out) (GPT-2's Conv1D, `transposed_keys`) are
 transposed to Linear's (out, in), a fused query | key | value tensor (`fused_qkv`, GPT-2's
 c_attn) is split into three; `final_logits_bias` (1, V) is the (V,) `logits_bias.bias`. Tied
-weights are resolved as transformers resolves them (`tied_groups`). numpy only (the expected
-shapes come from the model, through jax.eval_shape); the tree check is spec/tree_check.py's.
+weights are resolved as transformers resolves them (`tied_groups`); keys are read as it reads
+them (`loaded_names`: the prefix of a base model saved bare, old LayerNorm names), and the
+weights of the family's other classes the loaded class does not use are dropped with a warning
+(`unused_keys`). numpy only (the expected shapes come from the model, through
+jax.eval_shape); the tree check is spec/tree_check.py's.
 """
 
 from __future__ import annotations
@@ -344,7 +347,8 @@ def hf_state_to_params(
 ) -> dict[str, Any]:
     """A Hugging Face state dict -> Flax params {'params': ...} of `config`'s model, in
     config.param_dtype. Strict: one ConversionError names every missing, unexpected or
-    mis-shaped HF tensor."""
+    mis-shaped HF tensor. The weights of the family's other classes that config.json's class
+    does not use (unused_keys) are dropped first, named in one UserWarning."""
     flax_shapes = {p: shape for p, (shape, _) in expected_param_shapes(config, kind).items()}
     canonical_shapes = {
         flax_path_to_torch_key(p): tuple(s[::-1]) if is_transposed(p) else tuple(s)
