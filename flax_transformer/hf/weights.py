@@ -5,15 +5,19 @@ as `model.encoder.layers.{i}.fc1.{p}` <-> `encoder.layers.{i}.ffn.linear1.{p}`. 
 renaming, as the family says: weights stored (in, out) (GPT-2's Conv1D, `transposed_keys`) are
 transposed to Linear's (out, in), a fused query | key | value tensor (`fused_qkv`, GPT-2's
 c_attn) is split into three; `final_logits_bias` (1, V) is the (V,) `logits_bias.bias`. Tied
-weights are resolved as transformers resolves them (`tied_groups`). numpy only (the expected
-shapes come from the model, through jax.eval_shape); the tree check is spec/tree_check.py's.
+weights are resolved as transformers resolves them (`tied_groups`); keys are read as it reads
+them (`loaded_names`: the prefix of a base model saved bare, old LayerNorm names), and the
+weights of the family's other classes the loaded class does not use are dropped with a warning
+(`unused_keys`). numpy only (the expected shapes come from the model, through
+jax.eval_shape); the tree check is spec/tree_check.py's.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,6 +40,11 @@ from flax_transformer.spec.validate import weight_problems
 IGNORED = {t: f.ignored_keys for f in FAMILIES for t in f.model_types if f.ignored_keys}
 PREFIX = {t: f.prefix for f in FAMILIES for t in f.model_types}
 HEAD_KEYS = ("lm_head.weight", "final_logits_bias")
+# Old spellings transformers renames in the keys of every model it loads (its "legacy"
+# conversion mapping): TensorFlow's LayerNorm names, kept by bert-base-uncased's files.
+LEGACY_RENAMES = (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias"))
+# The canonical names of what a class adds over its base model (an encoder's pooler and head).
+HEAD_PARAMS = ("head.", "pooler.")
 __all__ = [
     "HEAD_KEYS",
     "IGNORED",
@@ -47,10 +56,13 @@ __all__ = [
     "expected_hf_shapes",
     "hf_state_to_params",
     "hf_to_canonical",
+    "loaded_names",
+    "missing_head",
     "normalize_hf_state",
     "numpy_dtype",
     "params_to_hf_state",
     "tied_groups",
+    "unused_keys",
 ]
 
 
@@ -98,6 +110,49 @@ def _family_config(hf_config: str | Mapping[str, Any]) -> tuple[Family, Mapping[
 
 
 # ----------------------------------------------------------------------------- HF -> canonical
+def loaded_names(
+    state: Mapping[str, Any], family: Family, where: str = "the weights"
+) -> dict[str, str]:
+    """{key in the file: key as transformers loads it}: the family's prefix added to every key
+    (but HEAD_KEYS) of a file whose keys all lack it (a base model saved bare, e.g. BertModel's
+    `embeddings.*`), and the LEGACY_RENAMES of every model applied (bert-base-uncased's
+    `LayerNorm.gamma`); ConversionError (naming `where`) when two keys would load as one."""
+    bare = bool(state) and not any(k.startswith(family.prefix) for k in state)
+    names = {}
+    for key in state:
+        name = family.prefix + key if bare and key not in HEAD_KEYS else key
+        for old, new in LEGACY_RENAMES:
+            name = name.replace(old, new)
+        names[key] = name
+    if len(set(names.values())) < len(names):
+        twice = sorted(k for k in names if list(names.values()).count(names[k]) > 1)
+        raise ConversionError(
+            f"{where}: tensors stored twice, under old and new names: {', '.join(twice)}"
+        )
+    return names
+
+
+def unused_keys(
+    state: Mapping[str, Any],
+    hf_config: Mapping[str, Any],
+    expected: Collection[str],
+    where: str = "the weights",
+) -> list[str]:
+    """The keys of `state` (as in the file) holding weights of another class of the family
+    (Family.other_class_keys) that the config's class does not use: not `expected` (the HF
+    keys the class loads), nor tied to a key it loads. transformers' from_pretrained leaves
+    them unused (the NSP head of a BertForPreTraining file read as BertModel)."""
+    family = family_for(hf_config["model_type"])
+    if family.other_class_keys is None:
+        return []
+    tied = {k for group in tied_groups(hf_config) if set(group) & set(expected) for k in group}
+    return sorted(
+        key
+        for key, name in loaded_names(state, family, where).items()
+        if family.other_class_keys.fullmatch(name) and name not in expected and name not in tied
+    )
+
+
 def normalize_hf_state(
     state: Mapping[str, np.ndarray],
     hf_config: Mapping[str, Any],
@@ -105,15 +160,14 @@ def normalize_hf_state(
     marian_table: Callable[[], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The state as transformers' from_pretrained sees it: the base-model prefix added where a
-    base model was saved, ignored keys dropped, each tied group reduced to its source (a target
-    stands in for a missing source, as transformers' symmetric tying does), stored sinusoid
-    tables (older Marian checkpoints) checked against `marian_table()` (the config's table)
-    and dropped, and a missing `final_logits_bias` set to zeros (transformers leaves it at its
-    zero init)."""
+    base model was saved, old LayerNorm names renamed (loaded_names), ignored keys dropped,
+    each tied group reduced to its source (a target stands in for a missing source, as
+    transformers' symmetric tying does), stored sinusoid tables (older Marian checkpoints)
+    checked against `marian_table()` (the config's table) and dropped, and a missing
+    `final_logits_bias` set to zeros (transformers leaves it at its zero init)."""
     family = family_for(hf_config["model_type"], where)
-    state = dict(state)
-    if state and not any(k.startswith(family.prefix) for k in state):
-        state = {(k if k in HEAD_KEYS else family.prefix + k): v for k, v in state.items()}
+    names = loaded_names(state, family, where)
+    state = {names[k]: v for k, v in state.items()}
     if family.ignored_keys is not None:
         state = {k: v for k, v in state.items() if not family.ignored_keys.search(k)}
     for source, *targets in tied_groups(hf_config):
@@ -219,9 +273,39 @@ def expected_hf_shapes(
 
 
 def check_hf_state(state, canonical_shapes, hf_config: str | Mapping[str, Any], where: str):
-    """One ConversionError naming every missing, unexpected or mis-shaped HF tensor."""
+    """One ConversionError naming every missing, unexpected or mis-shaped HF tensor; when the
+    class's head (or pooler) is missing, a last line says so (missing_head)."""
     found = {k: tuple(np.shape(v)) for k, v in state.items()}
-    check_tree(found, expected_hf_shapes(canonical_shapes, hf_config), where, what="tensor")
+    expected = expected_hf_shapes(canonical_shapes, hf_config)
+    try:
+        check_tree(found, expected, where, what="tensor")
+    except ConversionError as err:
+        family, hf_config = _family_config(hf_config)
+        head = missing_head(found, expected, hf_config)
+        if not head:
+            raise
+        renames = family.renames(hf_config)
+        part = "pooler" if all(_rename(k, renames).startswith("pooler.") for k in head) else "head"
+        raise ConversionError(
+            f"{err}\n  config.json's architectures name {family.architecture(hf_config)}, whose "
+            f"{part} the file does not hold ({', '.join(head)} missing): it was saved from "
+            "another class (a base model or another head). transformers' from_pretrained would "
+            "initialise these at random; hf.load loads only what the file holds: name the "
+            "class the file was saved from in config.json's architectures"
+        ) from None
+
+
+def missing_head(
+    found: Collection[str], expected: Collection[str], hf_config: Mapping[str, Any]
+) -> list[str]:
+    """The HF keys of the class's head and pooler (canonical `head.*`, `pooler.*`: what a
+    class adds over its base model) that are expected but not found."""
+    renames = _family_config(hf_config)[0].renames(hf_config)
+    return sorted(
+        k
+        for k in expected
+        if k not in found and (_rename(k, renames) or "").startswith(HEAD_PARAMS)
+    )
 
 
 def check_hf_weights(state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str) -> None:
@@ -263,7 +347,8 @@ def hf_state_to_params(
 ) -> dict[str, Any]:
     """A Hugging Face state dict -> Flax params {'params': ...} of `config`'s model, in
     config.param_dtype. Strict: one ConversionError names every missing, unexpected or
-    mis-shaped HF tensor."""
+    mis-shaped HF tensor. The weights of the family's other classes that config.json's class
+    does not use (unused_keys) are dropped first, named in one UserWarning."""
     flax_shapes = {p: shape for p, (shape, _) in expected_param_shapes(config, kind).items()}
     canonical_shapes = {
         flax_path_to_torch_key(p): tuple(s[::-1]) if is_transposed(p) else tuple(s)
@@ -273,6 +358,16 @@ def hf_state_to_params(
     def table() -> np.ndarray:  # the constant position table a file may hold (older Marian)
         return sinusoidal_table(config.max_len, config.d_model, config.sinusoid_layout)
 
+    expected = expected_hf_shapes(canonical_shapes, hf_config)
+    unused = unused_keys(state, hf_config, expected, where)
+    if unused:
+        warnings.warn(
+            f"{where}: ignored {len(unused)} tensor(s) transformers does not use for "
+            f"{family_for(hf_config['model_type']).architecture(hf_config)}: " + ", ".join(unused),
+            stacklevel=3,
+        )
+        dropped = set(unused)
+        state = {k: v for k, v in state.items() if k not in dropped}
     check_hf_weights(state, hf_config, where)
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
     check_hf_state(state, canonical_shapes, hf_config, where)

@@ -6,10 +6,13 @@ predictions`: dense, hidden_act, LayerNorm, then the word embeddings as decoder 
 
 from __future__ import annotations
 
+import re
+
 from flax_transformer.hf.families.bert_layout import (
     ENCODER_FIELD_TYPES,
     ENCODER_LEGACY_VALUES,
     ENCODER_SIZES,
+    STORED_BUFFERS,
     encoder_switches,
     encoder_weight_renames,
 )
@@ -30,6 +33,16 @@ HEAD_RULES = (
     ("cls.predictions.transform.dense.{p}", "head.dense.{p}"),
     ("cls.predictions.transform.LayerNorm.{p}", "head.norm.{p}"),
     ("cls.predictions.bias", "head.bias"),
+)
+
+# The weights of BERT's classes that a class may not use (Family.other_class_keys):
+# BertForPreTraining's masked LM (cls.predictions) and next-sentence (cls.seq_relationship)
+# heads, the pooler, the classifiers, BertForQuestionAnswering's qa_outputs.
+OTHER_CLASS_KEYS = re.compile(
+    r"cls\.predictions\.(transform\.(dense|LayerNorm)\.(weight|bias)|bias|decoder\.(weight|bias))"
+    r"|cls\.seq_relationship\.(weight|bias)"
+    r"|bert\.pooler\.dense\.(weight|bias)"
+    r"|(classifier|qa_outputs)\.(weight|bias)"
 )
 
 
@@ -58,6 +71,8 @@ BERT = Family(
     weight_renames=encoder_weight_renames(PREFIX, HEAD_RULES),
     prefix=PREFIX,
     tied_groups=tied_groups,
+    ignored_keys=STORED_BUFFERS,
+    other_class_keys=OTHER_CLASS_KEYS,
     field_types=ENCODER_FIELD_TYPES,
     width_and_heads=(("hidden_size", "num_attention_heads"),),
     bare_architectures=("BertModel",),

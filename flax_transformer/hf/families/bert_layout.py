@@ -4,6 +4,7 @@ ENCODER_HEADS). bert.py and roberta.py are each one `Family` built from these.""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from flax_transformer.hf.families.family import HFConfig
@@ -26,6 +27,9 @@ ENCODER_FIELD_TYPES = dict(
     classifier_dropout=probability(optional=True),
     layer_norm_eps=number(min=0, min_exclusive=True),
 )
+# position_ids, a persistent buffer in older transformers versions (bert-base-uncased's
+# pytorch_model.bin holds one), a constant transformers 5 ignores without a word.
+STORED_BUFFERS = re.compile(r"(^|\.)embeddings\.position_ids$")
 ENCODER_LEGACY_VALUES = dict(
     is_decoder=False, add_cross_attention=False, position_embedding_type="absolute"
 )

@@ -6,7 +6,9 @@ stored as a weight like a learned one, and read as such."""
 
 from __future__ import annotations
 
-from flax_transformer.hf.families.bert_layout import head_of, num_labels
+import re
+
+from flax_transformer.hf.families.bert_layout import STORED_BUFFERS, head_of, num_labels
 from flax_transformer.hf.families.family import Family, HFConfig
 from flax_transformer.hf.families.field_types import FieldType, integer, probability
 from flax_transformer.spec.kinds import ENCODER
@@ -16,6 +18,13 @@ HEADS = {
     "DistilBertModel": ("none", False),
     "DistilBertForSequenceClassification": ("sequence_relu", False),
 }
+# The weights of DistilBERT's classes that a class may not use (Family.other_class_keys): the
+# masked LM head (distilbert-base-uncased is saved from DistilBertForMaskedLM), the
+# classifiers, DistilBertForQuestionAnswering's qa_outputs.
+OTHER_CLASS_KEYS = re.compile(
+    r"(vocab_transform|vocab_layer_norm|vocab_projector|pre_classifier|classifier|qa_outputs)"
+    r"\.(weight|bias)"
+)
 SIZES = ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim", "max_position_embeddings")
 
 
@@ -83,6 +92,8 @@ DISTILBERT = Family(
     weight_renames=weight_renames(),
     prefix=PREFIX,
     tied_groups=lambda hf: [],
+    ignored_keys=STORED_BUFFERS,
+    other_class_keys=OTHER_CLASS_KEYS,
     field_types=dict(
         {name: integer() for name in SIZES},
         activation=FieldType("str"),

@@ -72,6 +72,13 @@ class Family:
     tied_groups: Callable[[HFConfig], list[list[str]]]
     # Keys transformers ignores when loading (buffers older versions saved, fairseq leftovers).
     ignored_keys: re.Pattern | None = None
+    # The weights of the family's other classes (another head, the pooler, a pretraining head:
+    # BERT's cls.seq_relationship), as transformers names them (prefix included; matched
+    # whole): from_pretrained leaves them unused when the class loaded has no place for them
+    # (bert-base-uncased, saved from BertForPreTraining, read as BertForSequenceClassification).
+    # Dropped when the config's class does not use them, named in one warning; any other
+    # unexpected key is an error.
+    other_class_keys: re.Pattern | None = None
     # HF weights stored (in, out) (Conv1D), transposed to Linear's (out, in).
     transposed_keys: re.Pattern | None = None
     fused_qkv: FusedQKV | None = None
@@ -116,6 +123,15 @@ class Family:
     def name(self) -> str:
         """The family's name: its first config.json model_type (e.g. "marian")."""
         return self.model_types[0]
+
+    def architecture(self, hf_config: HFConfig) -> str:
+        """The class transformers' AutoModel builds for this config: config.json's first
+        architecture the family maps, else the family's first (for messages)."""
+        architectures = hf_config.get("architectures") or []
+        for name in architectures if isinstance(architectures, list) else []:
+            if name in self.architectures:
+                return name
+        return self.architectures[0]
 
     def kind_for(self, hf_config: HFConfig) -> str:
         """The model kind of this config: its first architecture's (architecture_kinds), else

@@ -7,10 +7,13 @@ token; no pooler), `*ForTokenClassification` and `*ForMaskedLM` (`lm_head`: dens
 
 from __future__ import annotations
 
+import re
+
 from flax_transformer.hf.families.bert_layout import (
     ENCODER_FIELD_TYPES,
     ENCODER_LEGACY_VALUES,
     ENCODER_SIZES,
+    STORED_BUFFERS,
     encoder_switches,
     encoder_weight_renames,
     head_of,
@@ -41,6 +44,15 @@ SEQUENCE_RULES = (
     ("classifier.out_proj.{p}", "head.classifier.{p}"),
 )
 TOKEN_RULES = (("classifier.{p}", "head.classifier.{p}"),)
+# The weights of RoBERTa's classes that a class may not use (Family.other_class_keys): the
+# masked LM head (roberta-base is saved from RobertaForMaskedLM), the pooler, the classifiers,
+# *ForQuestionAnswering's qa_outputs.
+OTHER_CLASS_KEYS = re.compile(
+    r"lm_head\.((dense|layer_norm|decoder)\.(weight|bias)|bias)"
+    r"|roberta\.pooler\.dense\.(weight|bias)"
+    r"|classifier\.((dense|out_proj)\.)?(weight|bias)"
+    r"|qa_outputs\.(weight|bias)"
+)
 
 
 def config_to_switches(hf: HFConfig, problems: list[str], warnings: list[str]) -> dict:
@@ -93,6 +105,8 @@ ROBERTA = Family(
     weight_renames=weight_renames,
     prefix=PREFIX,
     tied_groups=tied_groups,
+    ignored_keys=STORED_BUFFERS,
+    other_class_keys=OTHER_CLASS_KEYS,
     field_types=ENCODER_FIELD_TYPES,
     width_and_heads=(("hidden_size", "num_attention_heads"),),
     bare_architectures=("RobertaModel", "XLMRobertaModel"),
