@@ -148,10 +148,11 @@ def _with_new_layers(saved, model, fresh: tuple[str, ...], seed: int):
             started.append(name)
     dropped = sorted("/".join(p) for p in old if p not in new)
     modules = sorted({name.rsplit("/", 1)[0] for name in started})
-    print(
-        "--init-from: new " + (", ".join(modules) or "nothing")
-        + (f"; left out {', '.join(dropped)}" if dropped else "")
-    )  # fmt: skip
+    if modules or dropped:
+        print(
+            "--init-from: new " + (", ".join(modules) or "nothing")
+            + (f"; left out {', '.join(dropped)}" if dropped else "")
+        )  # fmt: skip
     return unflatten_params(taken)
 
 
