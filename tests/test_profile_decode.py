@@ -164,7 +164,7 @@ def test_a_traced_loop_is_read_back_and_attributed():
     assert result["step_ms"] > 0 and result["gaps_ms"] >= 0
 
 
-@pytest.mark.slow  # transformers builds the tiny Marian and the search compiles: 20-40 s here
+@pytest.mark.slow  # transformers builds the tiny Marian, the search compiles: 10-40 s here
 def test_quick_run_covers_the_step(tmp_path, capsys):
     out = tmp_path / "profile.json"
     assert (
