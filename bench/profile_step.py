@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -47,15 +48,85 @@ def model_part(op_name: str) -> str:
     return f"{direction}:{part}"
 
 
-def hlo_op_names(hlo_text: str) -> dict[str, str]:
-    """Instruction name -> op_name metadata, from compiled HLO text."""
-    names = {}
-    pattern = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]*)\"")
+def hlo_op_names(hlo_text: str, infer: bool = False) -> dict[str, str]:
+    """Instruction name -> op_name metadata, from compiled HLO text.
+
+    infer: a fusion that holds a product (dot, convolution) takes the product's op_name, not
+    its root's (YNNPACK fuses a product with the elementwise work around it); and the
+    instructions XLA left without metadata (copies it added, split reductions, some dots)
+    take the op_name of their first user that has one (or has one so inferred), else the
+    longest common '/' prefix of their operands' op_names."""
+    names, operands, users = {}, {}, collections.defaultdict(list)
+    products, calls, computation = {}, {}, None
+    pattern = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
     for line in hlo_text.splitlines():
         match = pattern.match(line)
-        if match:
-            names.setdefault(match.group(1), match.group(2))
+        if not match:
+            if line.rstrip().endswith("{"):  # a computation's header
+                computation = line.removeprefix("ENTRY ").split()[0].lstrip("%")
+            continue
+        name, rest = match.groups()
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        if op_name:
+            names.setdefault(name, op_name.group(1))
+        if infer:
+            operands[name] = re.findall(r"%([\w.\-]+)", rest.split("metadata=")[0])
+            if op_name and re.search(r" (dot|convolution)\(", rest):
+                products.setdefault(computation, op_name.group(1))
+            called = re.search(r"calls=%([\w.\-]+)", rest)
+            if called:
+                calls[name] = called.group(1)
+    if not infer:
+        return names
+    for name, called in calls.items():  # a fusion that holds a product is that product
+        if called in products:
+            names[name] = products[called]
+    for name, args in operands.items():
+        for arg in args:
+            if arg in operands:
+                users[arg].append(name)
+    order = list(operands)
+    for name in reversed(order):  # users follow their operands: a chain resolves in one pass
+        user = next((names[u] for u in users[name] if u in names), None)
+        if name not in names and user:
+            names[name] = user
+    for name in order:
+        known = [names[a].split("/") for a in operands[name] if a in names]
+        common = os.path.commonprefix(known) if known else []  # whole '/' components
+        if name not in names and common:
+            names[name] = "/".join(common)
     return names
+
+
+def read_trace(
+    trace_dir: str | Path, span_prefix: str = "ThunkExecutor::Execute (wait"
+) -> tuple[list[tuple[str, int, int]], list[tuple[int, int]]]:
+    """The XLA thunks of a `jax.profiler.trace` directory as (name, start_ns, duration_ns),
+    profiler bookkeeping and the python line left out, and the (start_ns, duration_ns) of the
+    events whose name starts with span_prefix (by default ThunkExecutor's "wait for completion"
+    spans: the train step's executions)."""
+    trace = next(Path(trace_dir).rglob("*.xplane.pb"))
+    data = jax.profiler.ProfileData.from_file(str(trace))
+    events, spans = [], []
+    for plane in data.planes:
+        for line in plane.lines:
+            if line.name == "python":
+                continue
+            for event in line.events:
+                if event.name.startswith(span_prefix):
+                    spans.append((event.start_ns, event.duration_ns))
+                if not event.name.startswith(_SKIPPED_EVENTS):
+                    events.append((event.name, event.start_ns, event.duration_ns))
+    return events, spans
+
+
+def busy_ns(intervals, start: int, end: int) -> int:
+    """How long at least one of the (begin, end) intervals that begin in [start, end] runs."""
+    busy, reach = 0, start
+    for begin, stop in sorted(i for i in intervals if start <= i[0] <= end):
+        busy += max(0, stop - max(begin, reach))
+        reach = max(reach, stop)
+    return busy
 
 
 def profile(cfg, batch_dims: tuple[int, int, int], steps: int = 3, warmup: int = 3) -> dict:
@@ -70,31 +141,19 @@ def profile(cfg, batch_dims: tuple[int, int, int], steps: int = 3, warmup: int =
             for _ in range(steps):
                 state, metrics = step(state, batch_device)
                 step_loss(metrics)
-        trace = next(Path(trace_dir).rglob("*.xplane.pb"))
-        data = jax.profiler.ProfileData.from_file(str(trace))
+        events, step_spans = read_trace(trace_dir)
     per_part = collections.defaultdict(float)
     per_kind = collections.defaultdict(lambda: collections.defaultdict(float))
-    intervals, step_spans = [], []
-    for plane in data.planes:
-        for line in plane.lines:
-            if line.name == "python":
-                continue
-            for event in line.events:
-                if event.name.startswith("ThunkExecutor::Execute (wait"):
-                    step_spans.append((event.start_ns, event.duration_ns))
-                if event.name.startswith(_SKIPPED_EVENTS):
-                    continue
-                ms = event.duration_ns / 1e6 / steps
-                part = model_part(op_names.get(event.name, ""))
-                per_part[part] += ms
-                per_kind[part][re.sub(r"\.\d+$", "", event.name)] += ms
-                intervals.append((event.start_ns, event.start_ns + event.duration_ns))
+    intervals = []
+    for name, start_ns, duration_ns in events:
+        ms = duration_ns / 1e6 / steps
+        part = model_part(op_names.get(name, ""))
+        per_part[part] += ms
+        per_kind[part][re.sub(r"\.\d+$", "", name)] += ms
+        intervals.append((start_ns, start_ns + duration_ns))
     # Idle time inside the longest step: wall minus the union of thunk intervals.
     start, duration = max(step_spans, key=lambda span: span[1])
-    busy, reach = 0, start
-    for begin, end in sorted(i for i in intervals if start <= i[0] <= start + duration):
-        busy += max(0, end - max(begin, reach))
-        reach = max(reach, end)
+    busy = busy_ns(intervals, start, start + duration)
     return {
         "step_ms": duration / 1e6,
         "idle_ms": (duration - busy) / 1e6,
