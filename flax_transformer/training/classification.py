@@ -22,7 +22,7 @@ from flax_transformer.training.data import (  # noqa: F401  (CLASSIFY: the task'
     LabelledDataset,
     Pair,
     no_pair_fits,
-    read_lines,
+    read_tsv,
     sources_of,
     warn_long_pairs,
 )
@@ -37,25 +37,9 @@ CLASSIFIER_PARAMS = ("head/classifier",)
 # ----------------------------------------------------------------------------- files
 def read_labelled_tsv(path: str | Path) -> list[Pair]:
     """One `text<TAB>label` per line (blank lines skipped) as Pairs (source: the text, target:
-    the label); a DataError naming the file and line for anything else."""
-    pairs = []
-    for number, line in enumerate(read_lines(path, "TSV file"), start=1):
-        if not line.strip():
-            continue
-        if line.count("\t") != 1:
-            problem = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
-            raise DataError(
-                f"TSV file {path} line {number}: {problem}; expected exactly one "
-                f"'text<TAB>label' per line (--task classify), got {line[:60]!r}"
-            )
-        text, label = line.split("\t")
-        if not text.strip() or not label.strip():
-            side = "text" if not text.strip() else "label"
-            raise DataError(f"TSV file {path} line {number}: empty {side}")
-        pairs.append(Pair(text, label.strip(), f"{path}:{number}"))
-    if not pairs:
-        raise DataError(f"TSV file {path}: no labelled lines found")
-    return pairs
+    the label, stripped); a DataError naming the file and line for anything else."""
+    pairs = read_tsv(path, names=("text", "label"))
+    return [dataclasses.replace(pair, target=pair.target.strip()) for pair in pairs]
 
 
 # ----------------------------------------------------------------------------- the labels

@@ -149,29 +149,31 @@ def warn_if_validation_is_training(train: list[Pair], valid: list[Pair]) -> None
         print(f"warning: {message}", file=sys.stderr)
 
 
-def tsv_pair(path, number: int, line: str) -> Pair | None:
+def tsv_pair(path, number: int, line: str, names=("source", "target")) -> Pair | None:
     """One line of a TSV corpus as a Pair (None for a blank line); DataError naming the file
-    and line when it is not exactly one non-empty `source<TAB>target`."""
+    and line when it is not exactly one non-empty `source<TAB>target` (`names`: what the two
+    fields are called in messages, e.g. ("text", "label") for --task classify)."""
     if not line.strip():
         return None
     if line.count("\t") != 1:
         problem = "no tab" if "\t" not in line else f"{line.count(chr(9))} tabs"
         raise DataError(
             f"TSV file {path} line {number}: {problem}; expected exactly one "
-            f"'source<TAB>target' pair per line, got {line[:60]!r}"
+            f"'{names[0]}<TAB>{names[1]}' pair per line, got {line[:60]!r}"
         )
     source, target = line.split("\t")
     if not source.strip() or not target.strip():
-        side = "source" if not source.strip() else "target"
+        side = names[0] if not source.strip() else names[1]
         raise DataError(f"TSV file {path} line {number}: empty {side}")
     return Pair(source, target, f"{path}:{number}")
 
 
-def read_tsv(path: str | Path) -> list[Pair]:
-    """One `source<TAB>target` pair per line; blank lines are skipped."""
+def read_tsv(path: str | Path, names=("source", "target")) -> list[Pair]:
+    """One `source<TAB>target` pair per line (`names`: as tsv_pair's); blank lines are
+    skipped."""
     pairs = []
     for number, line in enumerate(read_lines(path, "TSV file"), start=1):
-        pair = tsv_pair(path, number, line)
+        pair = tsv_pair(path, number, line, names)
         if pair is not None:
             pairs.append(pair)
     if not pairs:

@@ -45,12 +45,7 @@ def plot_curves(records: list[dict], path: str | Path) -> Path:
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_attention(
@@ -82,12 +77,7 @@ def plot_attention(
             if layer == len(maps) - 1:
                 ax.set_xlabel("source (key)")
     fig.suptitle("Cross-attention of one validation example")
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_confusion(
@@ -111,6 +101,11 @@ def plot_confusion(
     ax.set(
         xlabel="predicted", ylabel="true", title=f"Validation confusion (accuracy {accuracy:.3f})"
     )
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay the figure out, write it as a PNG at `path` (atomically), close it; the path."""
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:
