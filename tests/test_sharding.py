@@ -208,8 +208,15 @@ def _flat(tree) -> dict[str, object]:
         ("seq2seq", dict(share_embeddings=True, tie_output=True, src_vocab_size=48)),
         ("lm", dict(use_bias=False)),
         ("lm", dict(positional="learned", final_norm=True)),
+        # The encoder kind with BERT's pooler and heads (a square d_model matrix once named
+        # its two axes alike, which a mesh cannot lay out), T5's relative bias and gated FFN.
+        ("encoder", dict(positional="learned", type_vocab_size=2, embed_norm=True, pooler=True,
+                         head="sequence_pooled", num_labels=3)),
+        ("encoder", dict(positional="learned", head="sequence_tanh", num_labels=3)),
+        ("encoder", dict(positional="learned", head="masked_lm")),
+        ("encoder", dict(positional="none", relative_attention_buckets=8, gated_ffn=True)),
     ],
-)
+)  # fmt: skip
 def test_every_param_declares_logical_axes_with_a_rule(kind, changes):
     from flax_transformer.nn.kinds import abstract_variables, model_for
 
@@ -221,6 +228,7 @@ def test_every_param_declares_logical_axes_with_a_rule(kind, changes):
     for path, names in logical.items():
         assert len(names) == len(shapes[path].shape), path
         assert all(name in rules for name in names), (path, names)
+        assert len(set(names)) == len(names), (path, names)  # a mesh needs distinct names
         if len(names) >= 2:  # every axis of every matrix is named, none left to a default
             assert None not in names, (path, names)
 

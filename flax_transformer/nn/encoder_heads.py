@@ -36,7 +36,7 @@ class Pooler(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        return jnp.tanh(_dense(cfg, cfg.d_model, ("embed", "embed"), "dense")(x[:, 0]))
+        return jnp.tanh(_dense(cfg, cfg.d_model, ("embed", "embed_out"), "dense")(x[:, 0]))
 
 
 class EncoderHead(nn.Module):
@@ -53,19 +53,19 @@ class EncoderHead(nn.Module):
         cfg = self.config
         head = cfg.head
         dropout = Dropout(cfg.dropout_rate)
-        classifier = _dense(cfg, cfg.num_labels, ("embed", None), "classifier")
+        classifier = _dense(cfg, cfg.num_labels, ("embed", "labels"), "classifier")
         if head == "sequence_pooled":
             return classifier(dropout(pooled, deterministic=deterministic))
         if head in ("sequence_tanh", "sequence_relu"):
             h = dropout(x[:, 0], deterministic=deterministic)
-            h = _dense(cfg, cfg.d_model, ("embed", "embed"), "pre_classifier")(h)
+            h = _dense(cfg, cfg.d_model, ("embed", "embed_out"), "pre_classifier")(h)
             h = jnp.tanh(h) if head == "sequence_tanh" else jax.nn.relu(h)
             return classifier(dropout(h, deterministic=deterministic))
         if head == "token":
             return classifier(dropout(x, deterministic=deterministic))
         if head == "masked_lm":
             h = activation_fn(cfg.activation)(
-                _dense(cfg, cfg.d_model, ("embed", "embed"), "dense")(x)
+                _dense(cfg, cfg.d_model, ("embed", "embed_out"), "dense")(x)
             )
             h = LayerNorm(
                 epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,

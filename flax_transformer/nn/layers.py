@@ -20,10 +20,12 @@ from flax_transformer.spec.sinusoid import sinusoidal_table
 
 # ----------------------------------------------------------------------------- logical axes
 # Each param names the logical axis of each of its dimensions where it is made; the names used:
-# "vocab", "embed" (d_model), "heads" (num_heads * head_dim, head-major), "mlp" (d_ff) and
-# "position" (max_len). training/sharding.py maps them to mesh axes. They are attached to the
-# params (flax's LogicallyPartitioned boxes) only inside `boxed_param_axes()`: everywhere else
-# model.init returns the plain tree of arrays that checkpoints, converters and optimisers use.
+# "vocab", "embed" (d_model), "heads" (num_heads * head_dim, head-major), "mlp" (d_ff),
+# "position" (max_len), "embed_out" (the output d_model of a square matrix: one name per axis),
+# "labels" (a classifier's classes) and "head_count" (num_heads: a relative bias table).
+# training/sharding.py maps them to mesh axes. They are attached to the params (flax's
+# LogicallyPartitioned boxes) only inside `boxed_param_axes()`: everywhere else model.init
+# returns the plain tree of arrays that checkpoints, converters and optimisers use.
 _BOX_AXES = contextvars.ContextVar("flax_transformer_box_axes", default=False)
 
 
@@ -261,7 +263,7 @@ class RelativePositionBias(nn.Module):
     def __call__(self, relative: jax.Array) -> jax.Array:
         cfg = self.config
         shape = (cfg.relative_attention_buckets, cfg.num_heads)
-        init = with_axes(nn.initializers.normal(1.0), ("position", None))
+        init = with_axes(nn.initializers.normal(1.0), ("position", "head_count"))
         table = self.param("embedding", init, shape, cfg.param_dtype)
         buckets = relative_buckets(
             relative,
