@@ -2,6 +2,7 @@
 
     python -m bench.ab_step --tree A=/path/to/old/checkout --tree B=. --json OUT.json
         [--rounds 10] [--steps 3] [--preset reference] [--batch 32 --src-len 64 --tgt-len 64]
+        [--max-len 256]
 
 One worker process per tree (its directory first on sys.path, so `flax_transformer` and
 `bench.flax_step` are that tree's) compiles the tree's own benchmark step
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=REFERENCE_BATCH[0])
     parser.add_argument("--src-len", type=int, default=REFERENCE_BATCH[1])
     parser.add_argument("--tgt-len", type=int, default=REFERENCE_BATCH[2])
+    parser.add_argument("--max-len", type=int, help="the model's max_len (default: the preset's)")
     args = parser.parse_args(argv)
     if len(args.tree) != 2 or any("=" not in t for t in args.tree):
         parser.error("give exactly two --tree NAME=DIR")
@@ -161,8 +163,11 @@ def main(argv=None) -> int:
     if min(args.rounds, args.steps) <= 0:
         parser.error("--rounds and --steps must be positive")
     fields = {**PRESETS[args.preset], "dropout_rate": DROPOUT}
+    if args.max_len is not None:
+        fields["max_len"] = args.max_len
     try:
-        batch = make_batch(bench_config(args.preset), args.batch, args.src_len, args.tgt_len)
+        cfg = bench_config(args.preset, max_len=fields["max_len"])
+        batch = make_batch(cfg, args.batch, args.src_len, args.tgt_len)
     except ValueError as err:
         parser.error(str(err))
     result = run(trees, fields, batch, args.rounds, args.steps)

@@ -1,10 +1,12 @@
 """Where the Flax train step spends its time: `python -m bench.profile_step [--quick]`.
 
 Traces a few steps of the benchmark's Flax step (bench.flax_step; the reference preset with
-dropout 0.1, batch 32 x (64 + 64)) with `jax.profiler.trace`, reads the trace back with
-`jax.profiler.ProfileData`, and sums the time of every XLA thunk (fusion, GEMM, copy) per
-step. Each thunk is attributed to a part of the model through the `op_name` metadata of the
-compiled HLO (its jax name stack), e.g. "bwd:ffn" = the feed-forward layers' backward pass.
+dropout 0.1, batch 32 x (64 + 64); `--batch --src-len --tgt-len --max-len` for other shapes,
+e.g. `--batch 8 --src-len 256 --tgt-len 256 --max-len 256`) with `jax.profiler.trace`,
+reads the trace back with `jax.profiler.ProfileData`, and sums the time of every XLA thunk
+(fusion, GEMM, copy) per step. Each thunk is attributed to a part of the model through the
+`op_name` metadata of the compiled HLO (its jax name stack), e.g. "bwd:ffn" = the
+feed-forward layers' backward pass.
 Also reports how much of the step no thunk was running (dispatch gaps and asynchronous Eigen
 GEMMs the trace does not time).
 
@@ -167,11 +169,21 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny preset, for a smoke run")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--batch", type=int, help="batch rows (default 32; --quick: 2)")
+    parser.add_argument("--src-len", type=int, help="source tokens per row (default 64)")
+    parser.add_argument("--tgt-len", type=int, help="target tokens per row (default 64)")
+    parser.add_argument("--max-len", type=int, help="the model's max_len (default: the preset's)")
     args = parser.parse_args(argv)
-    if args.quick:
-        result = profile(setup.bench_config("tiny"), setup.QUICK_BATCH, steps=args.steps)
-    else:
-        result = profile(setup.bench_config(), setup.REFERENCE_BATCH, steps=args.steps)
+    name, dims = ("tiny", setup.QUICK_BATCH) if args.quick else ("reference", setup.REFERENCE_BATCH)
+    dims = tuple(
+        default if given is None else given
+        for given, default in zip((args.batch, args.src_len, args.tgt_len), dims, strict=True)
+    )
+    overrides = {} if args.max_len is None else {"max_len": args.max_len}
+    cfg = setup.bench_config(name, **overrides)
+    if max(dims[1:]) > cfg.max_len:
+        parser.error(f"a length of {max(dims[1:])} exceeds max_len {cfg.max_len} (raise --max-len)")
+    result = profile(cfg, dims, steps=args.steps)
     step_ms, idle_ms = result["step_ms"], result["idle_ms"]
     print(f"longest traced step {step_ms:.1f} ms, no thunk running {idle_ms:.1f} ms")
     print(f"{'ms/step':>8}  part             biggest thunk kinds")

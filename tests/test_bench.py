@@ -176,6 +176,10 @@ def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
         (["--tree", "a=.", "--tree", "a=."], "the two trees need different names"),
         (["--tree", "a=.", "--tree", "b=/nonexistent"], "no bench/flax_step.py there"),
         (["--tree", "a=.", "--tree", "b=.", "--src-len", "129"], "exceeds the config's max_len"),
+        (
+            ["--tree", "a=.", "--tree", "b=.", "--max-len", "256", "--src-len", "257"],
+            "exceeds the config's max_len",
+        ),
     ],
 )
 def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys):

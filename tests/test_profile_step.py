@@ -46,3 +46,42 @@ def test_profile_of_the_quick_config_covers_the_model():
     assert result["step_ms"] > 0 and 0 <= result["idle_ms"] <= result["step_ms"]
     for part in ("fwd:ffn", "bwd:ffn", "fwd:attn_core", "fwd:dropout", "fwd:layernorm"):
         assert result["parts"].get(part, 0) > 0, part
+
+
+@pytest.mark.parametrize(
+    ("argv", "max_len", "dims"),
+    [
+        ([], 128, setup.REFERENCE_BATCH),
+        (["--quick"], 16, setup.QUICK_BATCH),
+        (
+            ["--max-len", "256", "--batch", "8", "--src-len", "256", "--tgt-len", "256"],
+            256,
+            (8, 256, 256),
+        ),
+        (["--quick", "--tgt-len", "12"], 16, (2, 8, 12)),
+    ],
+)
+def test_main_passes_the_shape_on(argv, max_len, dims, monkeypatch, capsys):
+    """--batch/--src-len/--tgt-len/--max-len reach the profiled config and batch."""
+    seen = {}
+
+    def fake_profile(cfg, batch_dims, steps):
+        seen.update(max_len=cfg.max_len, dims=tuple(batch_dims))
+        return {
+            "step_ms": 1.0,
+            "idle_ms": 0.0,
+            "parts": {"fwd:ffn": 1.0},
+            "kinds": {"fwd:ffn": {"dot": 1.0}},
+        }
+
+    monkeypatch.setattr(ps, "profile", fake_profile)
+    assert ps.main(argv) == 0
+    assert seen == {"max_len": max_len, "dims": dims}
+    assert "fwd:ffn" in capsys.readouterr().out
+
+
+def test_main_refuses_a_length_beyond_max_len(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ps.main(["--src-len", "256"])
+    assert exit_info.value.code == 2
+    assert "raise --max-len" in capsys.readouterr().err

@@ -48,6 +48,25 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     return combined
 
 
+@jax.custom_jvp
+def softmax(x: jax.Array) -> jax.Array:
+    """jax.nn.softmax over the last axis (the same forward values), differentiated as
+    y * (dx - sum(y * dx)), torch's softmax backward.
+
+    jax.nn.softmax differentiates through exp / sum unless the `jax_softmax_custom_jvp` flag
+    is set (off by default in this JAX): its backward then materialises a broadcast of 1 / sum
+    of the whole (batch, heads, q_len, k_len) scores and makes more passes over them."""
+    unnormalized = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    return unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+
+
+@softmax.defjvp
+def _softmax_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    y = softmax(x)
+    return y, y * (x_dot - jnp.sum(y * x_dot, axis=-1, keepdims=True))
+
+
 def scaled_dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -89,7 +108,7 @@ def scaled_dot_product_attention(
             mask = mask != -jnp.inf
         # finfo.min instead of -inf: a fully masked row stays finite, then is zeroed below.
         scores = jnp.where(mask, scores, jnp.finfo(softmax_dtype).min)
-    weights = jax.nn.softmax(scores, axis=-1)
+    weights = softmax(scores)
     if mask is not None:
         weights = jnp.where(mask, weights, 0.0)
     weights = weights.astype(query.dtype)
