@@ -64,6 +64,7 @@ def test_transformer_parity_property(data, cfg):
     assert_close(flax_out[valid], torch_out[valid], rtol=1e-12, what=f"logits for {cfg}")
 
 
+@pytest.mark.slow  # a property search (~15 s on 2 cores): CI runs it
 @PROPERTY_SETTINGS
 @given(data=st.data(), cfg=configs())
 def test_lm_parity_with_random_boolean_masks(data, cfg):

@@ -77,6 +77,7 @@ def hf_dir(tmp_path_factory) -> Path:
     return hf_models.save(hf_models.build("marian", seed=2), root / "hf", tokenizer=True)
 
 
+@pytest.mark.slow  # ~19 s on 2 cores; the signal cases below stay in the fast suite
 def test_hf_import_past_a_file_size_limit_leaves_nothing_and_a_retry_works(hf_dir, tmp_path):
     before = tree_digest(hf_dir)
     workdir = tmp_path / "run"

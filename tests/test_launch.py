@@ -128,8 +128,11 @@ def test_a_killed_process_is_named_with_its_signal():
     child = "import os, signal, sys\nif sys.argv[-1] == '0': os.kill(os.getpid(), signal.SIGKILL)\n"
     out = io.StringIO()
     assert launch.launch([sys.executable, "-c", child], 2, out=out) == 1
-    assert out.getvalue().splitlines()[-1] == (
-        "[launch] process 0 was killed by SIGKILL; it printed nothing"
+    # Process 1 may still be starting when process 0 dies (a loaded machine): launch then stops
+    # it and says so after the same line.
+    assert out.getvalue().splitlines()[-1] in (
+        "[launch] process 0 was killed by SIGKILL; it printed nothing",
+        "[launch] process 0 was killed by SIGKILL; it printed nothing (stopped processes [1])",
     )
 
 

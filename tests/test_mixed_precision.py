@@ -94,6 +94,7 @@ def test_bf16_logits_match_float32_within_tolerance(setup):
     assert rel > 1e-4  # bf16 really ran: a float32 run would agree to ~1e-6
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: CI runs it; the bf16 forward test stays fast
 def test_bf16_gradients_are_float32_and_close(setup):
     params, batch = setup
     g16, g32 = grads(BF16, params, batch), grads(F32, params, batch)

@@ -294,6 +294,7 @@ def test_data_error_in_the_cache_pass_leaves_nothing(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.tsv"]  # no staging directory
 
 
+@pytest.mark.slow  # two short runs (~15 s on 2 cores): CI runs it
 def test_a_tsv_corpus_validates_on_a_jsonl_file_and_the_formats_are_checked(tmp_path, capsys):
     """Either validation format beside either corpus format; refused: two validation files,
     a validation file without a corpus file, pairs to validate a language model."""

@@ -150,6 +150,7 @@ def test_sigkill_mid_run_then_resume_is_exact(straight, tmp_path, capsys):
     assert steps_of(read_records(killed), "train") == [2, 4, 6, 8, 10]
 
 
+@pytest.mark.slow  # trains a BPE and a run (~16 s on 2 cores): CI runs it
 def test_tsv_corpus_with_bpe_trains_with_one_command_and_a_step_hook_stops_it(tmp_path, capsys):
     rng = np.random.default_rng(0)
     words = ["chat", "chien", "maison", "arbre", "soleil", "lune", "eau", "feu"]
@@ -370,6 +371,7 @@ def test_flag_defaults_are_the_options_defaults_and_the_small_preset():
     assert "built-in generated task (default: reverse)" in text
 
 
+@pytest.mark.slow  # ~10 s on 2 cores: CI runs it
 def test_diverging_run_stops_with_a_clear_message_and_saves_nothing_broken(tmp_path, capsys):
     # lr 1e30 without clipping: after the first updates the parameters' norm overflows.
     workdir = tmp_path / "diverged"

@@ -120,6 +120,7 @@ def test_weight_decay_skips_biases_and_norms():
         assert decayed == (update.ndim >= 2), name
 
 
+@pytest.mark.slow  # ~17 s on 2 cores (CI runs it); the CLI tests train in the fast suite
 def test_train_step_learns_and_is_deterministic(learner):
     model, opt, step, eval_step, initial = learner
     batch = make_batch()
