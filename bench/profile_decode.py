@@ -1,25 +1,27 @@
 """Where a step of HFModel.generate's beam search spends its time, part by part.
 
-    python -m bench.profile_decode [--batch 8 --beams 4] [--calls 2] [--quick] [--json OUT]
+    python -m bench.profile_decode [--batch 8 --beams 4] [--calls 2] [--quantize int8] [--quick]
+        [--json OUT]
 
 Builds the random opus-mt-size Marian of bench.hf_generate (its `make_checkpoint`; --quick: its
-tiny model, a smoke run), loads it with `hf.load` (float32) and calls `HFModel.generate` as that
-bench does (`batch` random sources of 32 tokens, 64 new tokens, min_new_tokens = 64 so no row
-stops early; --quick: 8 and 4). One untimed call compiles; then `--calls` calls run under
-`jax.profiler.trace`. The trace's XLA thunks (events named after an instruction of the
-search's compiled HLO: `hf.generation._run`, its arguments caught from the first call, its
-`lower(...).compile()` being the cached executable) are read back with bench.profile_step's
-`read_trace`, and each is named by its op_name metadata (the jax name stack) through
-`hlo_op_names(hlo, infer=True)`: a fusion that holds a matrix product takes the product's
-op_name (YNNPACK fuses the output projection with the logits bias and log_softmax's max and
-subtraction, and a layer norm's scale and shift with the product after it: that work is
-counted with the product), and an instruction XLA left without metadata takes its first
-user's op_name, else its operands' common prefix.
+tiny model, a smoke run), loads it with `hf.load` (float32, or `--quantize int8`) and calls
+`HFModel.generate` as that bench does (`batch` random sources of 32 tokens, 64 new tokens,
+min_new_tokens = 64 so no row stops early; --quick: 8 and 4). One untimed call compiles; then
+`--calls` calls run under `jax.profiler.trace`. The trace's XLA thunks (events named after an
+instruction of the search's compiled HLO: `hf.generation._run`, its arguments caught from the
+first call, its `lower(...).compile()` being the cached executable) are read back with
+bench.profile_step's `read_trace`, and each is named by its op_name metadata (the jax name
+stack) through `hlo_op_names(hlo, infer=True)`: a fusion that holds a matrix product takes the
+product's op_name (YNNPACK fuses the output projection with the logits bias and log_softmax's
+max and subtraction, and a layer norm's scale and shift with the product after it: that work is
+counted with the product), and an instruction XLA left without metadata takes its first user's
+op_name, else its operands' common prefix.
 
-Attribution rules. A thunk of the while loop's body or condition (by the HLO computation it
+Attribution rules. A thunk of a while loop's body or condition (by the HLO computation it
 belongs to) is part of a decode step; the per-step figures are those thunks' times summed over
-the traced calls and divided by the loop's iterations (the count of the most frequent body
-thunk: new tokens - 1 per call, the first token being chosen before the loop). Within the
+the traced calls and divided by the loops' iterations (the search runs one loop per cache
+length; each run's iterations are the count of its most frequent body thunk; in all, new
+tokens - 1 per call, the first token being chosen before the loop). Within the
 loop, the first rule that matches the op_name decides:
 
 - output_proj: the output projection, `shared_embed.attend` (the tied 58101 x 512 table), an
@@ -197,8 +199,12 @@ def attribute(events, executions, op_names, instructions, calls: int) -> dict:
         loop = whiles[max(0, bisect.bisect_right(whiles, start) - 1)]
         ends[loop] = max(ends[loop], start + duration)
     loops = [(begin, ends[begin]) for begin in whiles]
-    body = [name for name, _, _ in loop_events if instructions[name][2] == "body"]
-    steps = max(collections.Counter(body).values())
+    # Iterations: per loop run (one per call and cache length), its most frequent body thunk.
+    body_counts = collections.defaultdict(collections.Counter)
+    for name, start, _ in loop_events:
+        if instructions[name][2] == "body":
+            body_counts[whiles[max(0, bisect.bisect_right(whiles, start) - 1)]][name] += 1
+    steps = sum(max(counts.values()) for counts in body_counts.values())
     per_step = dict.fromkeys(STEP_PARTS, 0.0)
     kinds = collections.defaultdict(lambda: collections.defaultdict(float))
     for name, _, duration in loop_events:
@@ -233,7 +239,9 @@ def attribute(events, executions, op_names, instructions, calls: int) -> dict:
     }
 
 
-def profile(batch: int = 8, beams: int = 4, calls: int = 2, quick: bool = False) -> dict:
+def profile(
+    batch: int = 8, beams: int = 4, calls: int = 2, quick: bool = False, quantize: str | None = None
+) -> dict:
     """Trace `calls` generate calls of the bench's Marian model (tiny with quick) and attribute
     their thunks; the returned dict is what --json writes."""
     from flax_transformer import hf
@@ -243,7 +251,7 @@ def profile(batch: int = 8, beams: int = 4, calls: int = 2, quick: bool = False)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         hg.make_checkpoint(Path(tmp), sizes)
-        model = hf.load(tmp)
+        model = hf.load(tmp, quantize=quantize)
     rng = np.random.default_rng(0)
     ids = rng.integers(1, sizes["vocab_size"] - 1, (batch, src_len))
 
@@ -272,6 +280,7 @@ def profile(batch: int = 8, beams: int = 4, calls: int = 2, quick: bool = False)
     result["call_ms"] = [round(w * 1e3, 1) for w in walls]
     result["setup"] = {
         "model": "opus-mt-size Marian, random" + (" (--quick: tiny)" if quick else ""),
+        "quantize": quantize,
         "batch": batch, "num_beams": beams, "src_len": src_len, "new_tokens": new_tokens,
         "calls": calls,
     }  # fmt: skip
@@ -322,12 +331,13 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--calls", type=int, default=2, help="traced generate calls")
+    parser.add_argument("--quantize", choices=["int8"], help="hf.load(path, quantize=...)")
     parser.add_argument("--quick", action="store_true", help="a tiny model (smoke run)")
     parser.add_argument("--json", help="where to write the result")
     args = parser.parse_args(argv)
     if min(args.batch, args.beams, args.calls) < 1:
         parser.error("--batch, --beams and --calls must be >= 1")
-    result = profile(args.batch, args.beams, args.calls, args.quick)
+    result = profile(args.batch, args.beams, args.calls, args.quick, args.quantize)
     result["machine"]["command"] = " ".join(["python", "-m", "bench.profile_decode", *argv])
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

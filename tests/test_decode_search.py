@@ -30,6 +30,8 @@ from flax_transformer.decoding import (
     lm_sample_decode,
     sample_decode,
 )
+from flax_transformer.decoding import cache as decoding_cache
+from flax_transformer.decoding.cache import CachedState, growing_lengths
 from flax_transformer.interop.convert import torch_state_to_flax
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.presets import preset
@@ -146,6 +148,38 @@ def test_beam_one_equals_greedy(seq2seq, lm):
         model, params, prompts, Beam(1, alpha=0.0), max_new_tokens=N_NEW, eos_id=eos
     )
     np.testing.assert_array_equal(tokens[:, 0], expected)
+
+
+def test_growing_lengths():
+    assert growing_lengths(1, 64) == (32, 64)
+    assert growing_lengths(1, 511) == (32, 64, 128, 256, 511)
+    assert growing_lengths(100, 511) == (128, 256, 511)
+    assert growing_lengths(1, 20) == (20,)
+    assert growing_lengths(32, 40) == (40,)  # the first length holds the prefix and one more
+
+
+def test_a_growing_cache_decodes_as_one_of_full_length(seq2seq, lm, monkeypatch):
+    """Caches that grow 4 -> 8 -> 10 (seq2seq) and 4 -> 8 -> 15 (the LM's 3-token prefill):
+    greedy gives torch's tokens, beam search the tokens and scores of one full-length cache."""
+    grown = []
+    real_grown = CachedState.grown
+    monkeypatch.setattr(
+        CachedState, "grown", lambda self, n: grown.append(n) or real_grown(self, n)
+    )
+
+    def decode(first_len, *args, **kwargs):
+        monkeypatch.setattr(decoding_cache, "FIRST_CACHE_LEN", first_len)
+        jax.clear_caches()  # (the lengths are read when generate is traced)
+        return generate(*args, max_new_tokens=N_NEW, **kwargs)
+
+    for (model, params, inputs, eos, expected), bos in ((seq2seq, {"bos_id": BOS}), (lm, {})):
+        np.testing.assert_array_equal(decode(4, model, params, inputs, eos_id=eos, **bos), expected)
+        beam = Beam(3, alpha=0.6)
+        tokens, scores = decode(64, model, params, inputs, beam, eos_id=eos, **bos)
+        grown_tokens, grown_scores = decode(4, model, params, inputs, beam, eos_id=eos, **bos)
+        np.testing.assert_array_equal(grown_tokens, tokens)
+        np.testing.assert_allclose(grown_scores, scores, rtol=1e-6)
+    assert grown == [8, 10, 8, 10, 8, 15, 8, 15]  # every growing run grew
 
 
 @functools.partial(jax.jit, static_argnames="model")

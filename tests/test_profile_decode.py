@@ -131,6 +131,19 @@ def test_attribute_divides_the_loop_by_its_steps():
     assert result["execution_ms"] == pytest.approx(14.0)
 
 
+def test_the_steps_of_every_loop_run_are_counted():
+    """The search runs one loop per cache length: two steps in the first loop (thunk a) and
+    three in the second (its own instruction b) are five steps, not the longer loop's three."""
+    names = {"a": f"{LAYER}/ffn/x", "b": f"{LAYER}/ffn/x"}
+    instructions = {"while.1": ("tuple", 0, ""), "while.2": ("tuple", 0, "")}
+    instructions |= {"a": ("f32", 2, "body"), "b": ("f32", 2, "body")}
+    ms = 1_000_000
+    events = [("while.1", 0, ms), ("a", ms, ms), ("a", 2 * ms, ms), ("while.2", 4 * ms, ms)]
+    events += [("b", 5 * ms, ms), ("b", 6 * ms, ms), ("b", 7 * ms, ms)]
+    result = pd.attribute(events, [(0, 9 * ms)], names, instructions, calls=1)
+    assert result["steps"] == 5 and result["per_step_ms"]["ffn"] == pytest.approx(1.0)
+
+
 def test_a_traced_loop_is_read_back_and_attributed():
     """The whole path on a real trace, without the Marian model: a jitted while loop whose
     body is named like the decoder's feed-forward layer."""

@@ -11,6 +11,13 @@ A stepper's `start(prefix (B, m))` returns the logits after the prefix (B, V) an
 Every array in a state has the batch first (scalars excepted); beam search expands a state to
 its beams with `state.for_beams(K)` and makes beams follow their parents with
 `state.reordered(beam_index)`.
+
+The KV cache grows: `stepper.lengths(m)` are the cache lengths a search goes through (32, 64,
+128, ... up to cache_len), `start` sizes the cache for the first and `grow(state, n)` pads it
+with empty slots to the next. Every step reads the whole static-length cache (attention) and
+beam search moves it (the reorder), so a cache sized for max_length (511 slots for opus-mt)
+would cost 16x a 32-slot one on every step of a sentence that ends after 30 tokens. The empty
+slots are masked, so the results do not depend on the length.
 """
 
 from __future__ import annotations
@@ -55,13 +62,37 @@ def init_cache(
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
 
 
+# The first cache length of a growing cache; each next one doubles it (`growing_lengths`).
+FIRST_CACHE_LEN = 32
+
+
+def growing_lengths(prefix_len: int, cache_len: int) -> tuple[int, ...]:
+    """The cache lengths of a search that prefills `prefix_len` tokens and may feed tokens up
+    to position cache_len - 1: the first holds the prefix and at least one more token, each
+    next doubles it, the last is cache_len. E.g. (1, 64) -> (32, 64); (1, 511) -> (32, 64,
+    128, 256, 511); (100, 511) -> (128, 256, 511)."""
+    length = FIRST_CACHE_LEN
+    while length <= prefix_len:
+        length *= 2
+    lengths = []
+    while length < cache_len:
+        lengths.append(length)
+        length *= 2
+    return (*lengths, cache_len)
+
+
 @dataclasses.dataclass(frozen=True)
 class Stepper:
-    """A model's two decoding calls: `start(prefix (B, m))` -> (logits (B, V), state), and
-    `feed(state, token (R,), pos ())` -> (logits (R, V), state) after `token` at position pos."""
+    """A model's decoding calls: `start(prefix (B, m))` -> (logits (B, V), state), and
+    `feed(state, token (R,), pos ())` -> (logits (R, V), state) after `token` at position pos.
+    `lengths(m)` are the cache lengths of a search with an m-token prefix (the state `start`
+    returns holds the first: feed positions below it); `grow(state, n)` makes room for
+    positions below n."""
 
     start: Callable[[jax.Array], tuple[jax.Array, Any]]
     feed: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]]
+    lengths: Callable[[int], tuple[int, ...]]
+    grow: Callable[[Any, int], Any]
 
 
 @struct.dataclass
@@ -82,6 +113,18 @@ class CachedState:
         """Every beam's cache follows its parent: beam_index (B, K), parents within the row."""
         gather = lambda x: _gather_beams(x, beam_index)  # noqa: E731
         return self.replace(cache=_map_per_beam(gather, self.cache))
+
+    def grown(self, length: int) -> CachedState:
+        """The self-attention keys/values (B, heads, n, head_dim) padded with empty slots to
+        `length`; the cache index and the cross-attention keys/values as they are."""
+
+        def leaf(path, x):
+            names = [getattr(k, "key", None) for k in path]
+            if names[-1] not in ("cached_key", "cached_value") or "cross_attn" in names:
+                return x
+            return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
+
+        return self.replace(cache=jax.tree_util.tree_map_with_path(leaf, self.cache))
 
 
 @struct.dataclass
@@ -156,19 +199,22 @@ def cached_stepper(model, variables, source: Source | None, cache_len: int) -> S
             )
         return logits[:, -1], state.replace(cache=new["cache"])
 
+    def lengths(prefix_len):
+        return growing_lengths(prefix_len, cache_len)
+
     def start(prefix):
-        batch = prefix.shape[0]
+        batch, first_len = prefix.shape[0], lengths(prefix.shape[1])[0]
         if source is None:
-            return apply(CachedState(init_cache(model, batch, cache_len), None), None, prefix)
+            return apply(CachedState(init_cache(model, batch, first_len), None), None, prefix)
         encoded = model.apply(variables, source.tokens, src_mask=source.mask, method="encode")
-        cache = init_cache(model, batch, cache_len, src_len=source.tokens.shape[1])
+        cache = init_cache(model, batch, first_len, src_len=source.tokens.shape[1])
         return apply(CachedState(cache, source.mask), encoded, prefix)
 
     def feed(state, token, pos):
         del pos  # the cache index knows it
         return apply(state, None, token[:, None])
 
-    return Stepper(start, feed)
+    return Stepper(start, feed, lengths, lambda state, length: state.grown(length))
 
 
 def uncached_stepper(model, variables, source: Source | None, cache_len: int) -> Stepper:
@@ -205,4 +251,5 @@ def uncached_stepper(model, variables, source: Source | None, cache_len: int) ->
         state = state.replace(buffer=buffer)
         return logits_at(state, pos), state
 
-    return Stepper(start, feed)
+    # One length: this stepper is the plain reference the cached one is tested against.
+    return Stepper(start, feed, lambda prefix_len: (cache_len,), lambda state, length: state)

@@ -19,7 +19,8 @@ Three parts plug in:
 The loop: prefill, choose at position prefix_len; then feed the chosen token of position pos,
 choose at pos + 1, and reorder the model state by the chosen beams' parents, until every row is
 done (the selector says when a row is done: EOS, length, or its hypotheses can no longer
-change).
+change). The loop runs once per cache length of the stepper (`stepper.lengths`), the state
+grown between them, so early steps read and move a short cache.
 """
 
 from __future__ import annotations
@@ -94,4 +95,12 @@ def run_search(stepper, prompts, selector: Selector, *, prefix_len: int):
         pos = state.pos + 1
         return _after(state, pos, model_state, selector.step(state.rule, state.done, pos, logits))
 
-    return selector.result(jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, first).rule)
+    # One loop per cache length (decoding.cache: the cache grows), each feeding positions
+    # below its length; rows done early skip the longer ones.
+    state = first
+    lengths = stepper.lengths(prefix_len)
+    for length in lengths:
+        if length != lengths[0]:
+            state = state.replace(model=stepper.grow(state.model, length))
+        state = jax.lax.while_loop(lambda s, n=length: ~jnp.all(s.done) & (s.pos < n), body, state)
+    return selector.result(state.rule)
