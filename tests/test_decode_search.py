@@ -158,28 +158,30 @@ def test_growing_lengths():
     assert growing_lengths(32, 40) == (40,)  # the first length holds the prefix and one more
 
 
-def test_a_growing_cache_decodes_as_one_of_full_length(seq2seq, lm, monkeypatch):
-    """Caches that grow 4 -> 8 -> 10 (seq2seq) and 4 -> 8 -> 15 (the LM's 3-token prefill):
+@pytest.mark.parametrize("kind", ["seq2seq", pytest.param("lm", marks=pytest.mark.slow)])
+def test_a_growing_cache_decodes_as_one_of_full_length(kind, request, monkeypatch):
+    """Caches that grow 4 -> 8 -> 10 (seq2seq) or 4 -> 8 -> 15 (the LM, its 3-token prefill):
     greedy gives torch's tokens, beam search the tokens and scores of one full-length cache."""
+    model, params, inputs, eos, expected = request.getfixturevalue(kind)
+    bos = {"bos_id": BOS} if kind == "seq2seq" else {}
     grown = []
     real_grown = CachedState.grown
     monkeypatch.setattr(
         CachedState, "grown", lambda self, n: grown.append(n) or real_grown(self, n)
     )
 
-    def decode(first_len, *args, **kwargs):
+    def decode(first_len, strategy):
         monkeypatch.setattr(decoding_cache, "FIRST_CACHE_LEN", first_len)
         jax.clear_caches()  # (the lengths are read when generate is traced)
-        return generate(*args, max_new_tokens=N_NEW, **kwargs)
+        return generate(model, params, inputs, strategy, max_new_tokens=N_NEW, eos_id=eos, **bos)
 
-    for (model, params, inputs, eos, expected), bos in ((seq2seq, {"bos_id": BOS}), (lm, {})):
-        np.testing.assert_array_equal(decode(4, model, params, inputs, eos_id=eos, **bos), expected)
-        beam = Beam(3, alpha=0.6)
-        tokens, scores = decode(64, model, params, inputs, beam, eos_id=eos, **bos)
-        grown_tokens, grown_scores = decode(4, model, params, inputs, beam, eos_id=eos, **bos)
-        np.testing.assert_array_equal(grown_tokens, tokens)
-        np.testing.assert_allclose(grown_scores, scores, rtol=1e-6)
-    assert grown == [8, 10, 8, 10, 8, 15, 8, 15]  # every growing run grew
+    np.testing.assert_array_equal(decode(4, Greedy()), expected)
+    tokens, scores = decode(64, Beam(3, alpha=0.6))
+    grown_tokens, grown_scores = decode(4, Beam(3, alpha=0.6))
+    np.testing.assert_array_equal(grown_tokens, tokens)
+    np.testing.assert_allclose(grown_scores, scores, rtol=1e-6)
+    full = 10 if kind == "seq2seq" else 15
+    assert grown == [8, full, 8, full]  # both growing runs grew
 
 
 @functools.partial(jax.jit, static_argnames="model")
