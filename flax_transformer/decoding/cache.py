@@ -117,14 +117,8 @@ class CachedState:
     def grown(self, length: int) -> CachedState:
         """The self-attention keys/values (B, heads, n, head_dim) padded with empty slots to
         `length`; the cache index and the cross-attention keys/values as they are."""
-
-        def leaf(path, x):
-            names = [getattr(k, "key", None) for k in path]
-            if names[-1] not in ("cached_key", "cached_value") or "cross_attn" in names:
-                return x
-            return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
-
-        return self.replace(cache=jax.tree_util.tree_map_with_path(leaf, self.cache))
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])  # noqa: E731
+        return self.replace(cache=_map_per_beam(pad, self.cache))
 
 
 @struct.dataclass

@@ -98,9 +98,8 @@ def run_search(stepper, prompts, selector: Selector, *, prefix_len: int):
     # One loop per cache length (decoding.cache: the cache grows), each feeding positions
     # below its length; rows done early skip the longer ones.
     state = first
-    lengths = stepper.lengths(prefix_len)
-    for length in lengths:
-        if length != lengths[0]:
+    for i, length in enumerate(stepper.lengths(prefix_len)):
+        if i:  # room for the positions below this length
             state = state.replace(model=stepper.grow(state.model, length))
         state = jax.lax.while_loop(lambda s, n=length: ~jnp.all(s.done) & (s.pos < n), body, state)
     return selector.result(state.rule)
