@@ -20,7 +20,7 @@ op_name, else its operands' common prefix.
 Attribution rules. A thunk of a while loop's body or condition (by the HLO computation it
 belongs to) is part of a decode step; the per-step figures are those thunks' times summed over
 the traced calls and divided by the loops' iterations (the search runs one loop per cache
-length; each run's iterations are the count of its most frequent body thunk; in all, new
+length; each run's iterations are the count most of its body thunks have; in all, new
 tokens - 1 per call, the first token being chosen before the loop). Within the
 loop, the first rule that matches the op_name decides:
 
@@ -199,12 +199,13 @@ def attribute(events, executions, op_names, instructions, calls: int) -> dict:
         loop = whiles[max(0, bisect.bisect_right(whiles, start) - 1)]
         ends[loop] = max(ends[loop], start + duration)
     loops = [(begin, ends[begin]) for begin in whiles]
-    # Iterations: per loop run (one per call and cache length), its most frequent body thunk.
+    # Iterations: per loop run (one per call and cache length), the count most of its body
+    # thunks have (not the largest count: XLA:CPU's sort thunk reports twice an execution).
     body_counts = collections.defaultdict(collections.Counter)
     for name, start, _ in loop_events:
         if instructions[name][2] == "body":
             body_counts[whiles[max(0, bisect.bisect_right(whiles, start) - 1)]][name] += 1
-    steps = sum(max(counts.values()) for counts in body_counts.values())
+    steps = sum(statistics.mode(counts.values()) for counts in body_counts.values())
     per_step = dict.fromkeys(STEP_PARTS, 0.0)
     kinds = collections.defaultdict(lambda: collections.defaultdict(float))
     for name, _, duration in loop_events:

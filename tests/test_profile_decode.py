@@ -144,6 +144,22 @@ def test_the_steps_of_every_loop_run_are_counted():
     assert result["steps"] == 5 and result["per_step_ms"]["ffn"] == pytest.approx(1.0)
 
 
+def test_a_thunk_reported_twice_a_step_does_not_double_the_steps():
+    """XLA:CPU's sort thunk leaves two trace events per execution: two steps of thunks a, b
+    and a sort (four events) are two steps."""
+    names = {n: f"{LAYER}/ffn/x" for n in ("a", "b", "sort.1")}
+    instructions = {"while.1": ("tuple", 0, "")}
+    instructions |= {n: ("f32", 2, "body") for n in ("a", "b", "sort.1")}
+    ms = 1_000_000
+    events = [("while.1", 0, ms)]
+    for step in range(2):
+        at = (1 + 4 * step) * ms
+        events += [("a", at, ms), ("b", at + ms, ms), ("sort.1", at + 2 * ms, ms // 2)]
+        events += [("sort.1", at + 2 * ms + ms // 2, ms // 2)]
+    result = pd.attribute(events, [(0, 10 * ms)], names, instructions, calls=1)
+    assert result["steps"] == 2
+
+
 def test_a_traced_loop_is_read_back_and_attributed():
     """The whole path on a real trace, without the Marian model: a jitted while loop whose
     body is named like the decoder's feed-forward layer."""
