@@ -32,8 +32,8 @@ SEQ2SEQ_SIZES = dict(
 def marian_config(**changes):
     from transformers import MarianConfig
 
-    return MarianConfig(
-        **SEQ2SEQ_SIZES,
+    settings = dict(
+        SEQ2SEQ_SIZES,
         vocab_size=VOCAB,
         pad_token_id=MARIAN_PAD,
         decoder_start_token_id=MARIAN_PAD,
@@ -41,8 +41,8 @@ def marian_config(**changes):
         forced_eos_token_id=MARIAN_EOS,
         activation_function="swish",
         scale_embedding=True,
-        **changes,
     )
+    return MarianConfig(**{**settings, **changes})
 
 
 def bart_config(**changes):

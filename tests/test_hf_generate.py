@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from flax_transformer.decoding import top_k as top_k_chunks
 from tests.hf_models import build, ragged_batch, save
 
 NEW = 10  # new tokens per generate call
 PAD, EOS = 63, 0  # Marian's in tests/hf_models.py
+WIDE_VOCAB = 4096  # 4 beams x 4096 candidates: 64 chunks, decoding.top_k's chunked path
 OPUS_MT_SETTINGS = dict(
     bad_words_ids=[[PAD]], decoder_start_token_id=PAD, eos_token_id=EOS,
     forced_eos_token_id=EOS, max_length=NEW + 1, num_beams=4, pad_token_id=PAD,
@@ -30,11 +32,13 @@ class Models(dict):
     def __missing__(self, name):
         from flax_transformer import hf
 
-        model_type = "marian" if name == "opus" else name
+        model_type = "marian" if name.startswith("opus") else name
         # Weights larger than transformers' init: the outputs depend on the input.
         init = {"initializer_range" if model_type == "gpt2" else "init_std": 0.5}
+        if name == "opus_wide":  # beam search's candidates K x V long enough for chunks
+            init["vocab_size"] = WIDE_VOCAB
         torch_model = build(model_type, seed=1, **init)
-        if name == "opus":  # opus-mt's generation_config.json
+        if name.startswith("opus"):  # opus-mt's generation_config.json
             torch_model.generation_config.update(**OPUS_MT_SETTINGS)
         path = save(torch_model, self.tmp_path_factory.mktemp(name))
         with jax.enable_x64(True):
@@ -114,12 +118,17 @@ def test_greedy_token_identical_with_eos(models, model_type):
     assert finished_early.any() and not finished_early.all(), ours.tolist()
 
 
-@pytest.mark.parametrize("name", ["opus", pytest.param("bart", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["opus", "opus_wide", pytest.param("bart", marks=pytest.mark.slow)]
+)
 def test_beam_search_token_identical(models, name):
     """num_beams 4, length_penalty 1.0 and 0.6, early_stopping True, on a ragged batch where
     EOS ends hypotheses at different steps. "opus": a Marian model with opus-mt's
     generation_config.json, whose max_length, num_beams, bad_words_ids [[pad]] and
-    forced_eos_token_id rule where the call says nothing."""
+    forced_eos_token_id rule where the call says nothing; "opus_wide": the same with a
+    4096-token vocabulary, so the candidates are chosen through decoding.top_k's chunks."""
+    if name == "opus_wide":
+        assert 4 * WIDE_VOCAB // top_k_chunks.CHUNK >= 4 * 8  # the chunked path, not lax.top_k
     torch_model, flax_model = models[name]
     ids, mask = batch_for(name, flax_model)
     eos = reachable_eos(torch_model, ids, mask, 1, num_beams=1)

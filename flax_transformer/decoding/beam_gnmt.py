@@ -19,6 +19,7 @@ from flax_transformer.decoding.cache import gather_beams
 from flax_transformer.decoding.engine import Choice
 from flax_transformer.decoding.inputs import Prompts
 from flax_transformer.decoding.strategies import Beam
+from flax_transformer.decoding.top_k import top_k
 
 NEG_INF = -jnp.inf
 
@@ -83,7 +84,7 @@ class GNMTBeam:
         )
         logp = jnp.where(forced[:, None, None], forced_only, logp)
         candidates = (hyps.live_logp[:, :, None] + logp).reshape(batch, beams * vocab)
-        top_logp, top_index = jax.lax.top_k(candidates, 2 * beams)  # (B, 2K)
+        top_logp, top_index = top_k(candidates, 2 * beams)  # (B, 2K)
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         new_index = pos - prompts.lengths  # (B,)
         writes = jnp.arange(n_new)[None, None, :] == new_index[:, None, None]

@@ -44,6 +44,7 @@ from flax import struct
 from flax_transformer.decoding.cache import gather_beams
 from flax_transformer.decoding.engine import Choice
 from flax_transformer.decoding.token_search import History
+from flax_transformer.decoding.top_k import top_k
 from flax_transformer.hf.generation_processors import HFProcessors
 from flax_transformer.hf.generation_rows import Rows, write_column
 
@@ -105,7 +106,7 @@ class HFBeam:
         flat_seq = loop.run_seq.reshape(batch * beams, length)
         logp = self.processors(logp, History(flat_seq, tile(col), tile(rows.pads)))
         cand = (logp.reshape(batch, beams, vocab) + loop.run_scores[:, :, None]).reshape(batch, -1)
-        top_scores, top_index = jax.lax.top_k(cand, keep)  # (B, 2K)
+        top_scores, top_index = top_k(cand, keep)  # (B, 2K)
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         top_seq = gather_beams(loop.run_seq, parent)  # (B, 2K, L)
         top_seq = write_column(
