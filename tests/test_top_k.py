@@ -6,11 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.decoding.top_k import canonical, top_k
+from flax_transformer.decoding.top_k import canonical, chunk_for, top_k
 
 
 def _same_as_lax(x, k, chunk):
-    want_values, want_index = jax.lax.top_k(canonical(x), k)
+    """x (R, N) or (R, G, V), compared with lax.top_k over the flat (R, G * V) row."""
+    want_values, want_index = jax.lax.top_k(canonical(x.reshape(x.shape[0], -1)), k)
     values, index = jax.jit(top_k, static_argnums=(1, 2))(x, k, chunk)
     np.testing.assert_array_equal(np.asarray(index), np.asarray(want_index))
     # bit-equal values (signed zeros, NaN included)
@@ -23,6 +24,33 @@ def _same_as_lax(x, k, chunk):
 def test_random_rows(n):
     x = jnp.asarray(np.random.default_rng(0).standard_normal((5, n)), jnp.float32)
     _same_as_lax(x, 8, 16)
+
+
+@pytest.mark.parametrize("vocab", [16 * 60, 16 * 60 + 5])  # groups of whole chunks, and not
+def test_grouped_rows_as_beam_search_passes_them(vocab):
+    # (rows, beams, vocab): chunks run along each beam's scores; indices flat over beams x vocab
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((3, 4, vocab)), jnp.float32)
+    _same_as_lax(x, 8, 16)
+    ties = jnp.asarray(rng.integers(0, 2, (3, 4, vocab)), jnp.float32)
+    _same_as_lax(ties, 8, 16)
+
+
+def test_grouped_rows_after_a_forced_token():
+    # every beam's scores -inf but one token: 4 finite, the other 4 of the 8 are the first -inf
+    # by flat index, never the fill past a beam's short chunk
+    x = np.full((2, 4, 16 * 60 + 5), -np.inf, np.float32)
+    x[:, :, 7] = [-1.0, -3.0, -2.0, -0.5]
+    _same_as_lax(jnp.asarray(x), 8, 16)
+    values, index = top_k(jnp.asarray(x), 8, 16)
+    assert index[0].tolist()[:4] == [3 * 965 + 7, 7, 2 * 965 + 7, 965 + 7]
+
+
+def test_the_fill_past_a_short_chunk_is_never_chosen():
+    # many short groups, all -inf: the 6 best are the first 6 by index, across group 0's short
+    # chunk (index 4, then past the group's end) into group 1 (index 5)
+    x = jnp.full((1, 40, 5), -jnp.inf, jnp.float32)
+    _same_as_lax(x, 6, 4)
 
 
 def test_ties_go_to_the_lower_index_across_and_inside_chunks():
@@ -78,3 +106,11 @@ def test_canonical_changes_only_signed_zeros_and_nan():
     want = np.array([np.nan, np.nan, np.inf, 1.0, 0.0, 0.0, -1e-45, -np.inf], np.float32)
     np.testing.assert_array_equal(got.view(np.int32)[2:], want.view(np.int32)[2:])
     assert np.isnan(got[:2]).all() and not np.signbit(got[:2]).any()
+
+
+def test_the_chunk_divides_the_vocabulary_where_it_can():
+    assert chunk_for(58101) == 321  # opus-mt: 3 x 107 x 181
+    assert chunk_for(32000) == 256 and chunk_for(59514) == 273
+    assert chunk_for(50265) == 256  # no divisor in range: each group ends in a short chunk
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 4, 58101)), jnp.float32)
+    _same_as_lax(x, 8, None)

@@ -83,8 +83,8 @@ class GNMTBeam:
             jnp.arange(vocab) == prompts.token_at(pos)[:, None, None], 0.0, NEG_INF
         )
         logp = jnp.where(forced[:, None, None], forced_only, logp)
-        candidates = (hyps.live_logp[:, :, None] + logp).reshape(batch, beams * vocab)
-        top_logp, top_index = top_k(candidates, 2 * beams)  # (B, 2K)
+        candidates = hyps.live_logp[:, :, None] + logp  # (B, K, V)
+        top_logp, top_index = top_k(candidates, 2 * beams)  # (B, 2K), flat over K x V
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         new_index = pos - prompts.lengths  # (B,)
         writes = jnp.arange(n_new)[None, None, :] == new_index[:, None, None]

@@ -105,8 +105,8 @@ class HFBeam:
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         flat_seq = loop.run_seq.reshape(batch * beams, length)
         logp = self.processors(logp, History(flat_seq, tile(col), tile(rows.pads)))
-        cand = (logp.reshape(batch, beams, vocab) + loop.run_scores[:, :, None]).reshape(batch, -1)
-        top_scores, top_index = top_k(cand, keep)  # (B, 2K)
+        cand = logp.reshape(batch, beams, vocab) + loop.run_scores[:, :, None]
+        top_scores, top_index = top_k(cand, keep)  # (B, 2K), flat over the K x V candidates
         parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
         top_seq = gather_beams(loop.run_seq, parent)  # (B, 2K, L)
         top_seq = write_column(
