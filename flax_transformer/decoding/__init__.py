@@ -8,7 +8,8 @@
   `engine`: the one search loop (`run_search`), which runs a stepper with a selector;
   `token_search`: the one-token-per-row selector (greedy / sampling); `rules`: how a token is
   chosen (first-maximum argmax, the sampling rule); `beam_gnmt`: beam search with GNMT's length
-  penalty; `cli`: the generate command. `sampling` and `beam` are deprecated shims.
+  penalty; `top_k`: beam search's candidates (lax.top_k's answer, through chunks); `cli`: the
+  generate command. `sampling` and `beam` are deprecated shims.
 """
 
 from flax_transformer.lazy import lazy_exports
