@@ -9,12 +9,15 @@ those k x CHUNK elements only (bench/NOTES.md, "Beam selection in chunks").
 The answer is `jax.lax.top_k(canonical(x), k)`: values best first, ties to the lower index.
 `canonical` makes -0.0 +0.0 and every NaN +NaN, so that the order is the plain float order with
 NaN above everything (as torch.topk ranks them; jax.lax.top_k alone would put +0.0 above -0.0
-and a NaN with its sign bit set below -inf). Why the chunks find it: give each chunk the key
-(its maximum, its position in the row). Chunks are contiguous runs of the row (the last of a
-group, (R, G, V) below, may be short). An element among the row's k best lies in one of the k chunks
-of highest key; otherwise k other chunks each hold an element that ranks above it (the chunk's
-maximum is at least as large and, when equal, sits in an earlier chunk, so at a lower index).
-The k chunks are laid out in index order, so ties among them still go to the lower index.
+and a NaN with its sign bit set below -inf). On canonical values a float maximum is the
+maximum in that order (no -0.0 left to tie with +0.0; a NaN, always +NaN, propagates).
+
+Why the chunks find it: give each chunk the key (its maximum, its position in the row).
+Chunks are contiguous runs of the row (the last of a group, (R, G, V) below, may be short).
+An element among the row's k best lies in one of the k chunks of highest key; otherwise k
+other chunks each hold an element that ranks above it (the chunk's maximum is at least as
+large and, when equal, sits in an earlier chunk, so at a lower index). The k chunks are laid
+out in index order, so ties among them still go to the lower index.
 """
 
 from __future__ import annotations
