@@ -114,3 +114,29 @@ def test_the_chunk_divides_the_vocabulary_where_it_can():
     assert chunk_for(50265) == 256  # no divisor in range: each group ends in a short chunk
     x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 4, 58101)), jnp.float32)
     _same_as_lax(x, 8, None)
+
+
+def test_gnmt_beam_search_chooses_as_with_lax_top_k(monkeypatch):
+    """The project's beam search on a 4096-token model (its 4 x 4096 candidates go through
+    chunks) gives the tokens and scores it gives with lax.top_k over the flat row."""
+    from flax_transformer.decoding import Beam, beam_gnmt, generate
+    from flax_transformer.nn.kinds import model_for
+    from flax_transformer.spec.presets import preset
+
+    config = preset("tiny", src_vocab_size=31, tgt_vocab_size=4096, max_len=16)
+    model = model_for(config, "seq2seq")
+    src = np.random.default_rng(5).integers(3, 31, (3, 7))
+    params = model.init(jax.random.key(0), src, src)
+
+    def search():
+        jax.clear_caches()
+        out = generate(model, params, src, Beam(4, alpha=0.6), max_new_tokens=8, bos_id=1, eos_id=2)
+        return [np.asarray(x) for x in out]
+
+    tokens, scores = search()
+    flat = lambda x, k: jax.lax.top_k(x.reshape(x.shape[0], -1), k)  # noqa: E731
+    monkeypatch.setattr(beam_gnmt, "top_k", flat)
+    want_tokens, want_scores = search()
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(scores, want_scores)
+    assert len(np.unique(tokens)) > 4  # the random model does not repeat one token
