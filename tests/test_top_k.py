@@ -116,6 +116,7 @@ def test_the_chunk_divides_the_vocabulary_where_it_can():
     _same_as_lax(x, 8, None)
 
 
+@pytest.mark.slow  # two compilations of the search (9 s); the fast suite has the HF twin
 def test_gnmt_beam_search_chooses_as_with_lax_top_k(monkeypatch):
     """The project's beam search on a 4096-token model (its 4 x 4096 candidates go through
     chunks) gives the tokens and scores it gives with lax.top_k over the flat row."""
