@@ -192,19 +192,18 @@ def attribute(events, executions, op_names, instructions, calls: int) -> dict:
         if not is_loop(name):
             inside = bool(instructions[name][2])
             (loop_events if inside else once_events).append((name, start, duration))
-    # XLA:CPU's while thunk can return before its body has run (the body runs asynchronously):
-    # a loop lasts from its while thunk's start to the end of the thunk or of the last loop
-    # thunk after it, whichever is later.
-    for _, start, duration in loop_events:
+    # Each loop thunk belongs to the loop run (one per call and cache length) that started last
+    # before it. XLA:CPU's while thunk can return before its body has run (the body runs
+    # asynchronously): a loop lasts from its while thunk's start to the end of the thunk or of
+    # the last loop thunk after it, whichever is later. Its iterations: the count most of its
+    # body thunks have (not the largest count: XLA:CPU's sort thunk reports twice an execution).
+    body_counts = collections.defaultdict(collections.Counter)
+    for name, start, duration in loop_events:
         loop = whiles[max(0, bisect.bisect_right(whiles, start) - 1)]
         ends[loop] = max(ends[loop], start + duration)
-    loops = [(begin, ends[begin]) for begin in whiles]
-    # Iterations: per loop run (one per call and cache length), the count most of its body
-    # thunks have (not the largest count: XLA:CPU's sort thunk reports twice an execution).
-    body_counts = collections.defaultdict(collections.Counter)
-    for name, start, _ in loop_events:
         if instructions[name][2] == "body":
-            body_counts[whiles[max(0, bisect.bisect_right(whiles, start) - 1)]][name] += 1
+            body_counts[loop][name] += 1
+    loops = [(begin, ends[begin]) for begin in whiles]
     steps = sum(statistics.mode(counts.values()) for counts in body_counts.values())
     per_step = dict.fromkeys(STEP_PARTS, 0.0)
     kinds = collections.defaultdict(lambda: collections.defaultdict(float))

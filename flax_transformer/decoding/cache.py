@@ -208,7 +208,7 @@ def cached_stepper(model, variables, source: Source | None, cache_len: int) -> S
         del pos  # the cache index knows it
         return apply(state, None, token[:, None])
 
-    return Stepper(start, feed, lengths, lambda state, length: state.grown(length))
+    return Stepper(start, feed, lengths, CachedState.grown)
 
 
 def uncached_stepper(model, variables, source: Source | None, cache_len: int) -> Stepper:
