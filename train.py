@@ -13,6 +13,11 @@ hooks=[...])` keeps working, and so do the helpers the old file offered (train.p
 
 import sys
 
+if __name__ == "__main__":  # before JAX loads: keep the step's memory mapped (host_memory.py)
+    from flax_transformer.training.host_memory import reexec_with_tuned_malloc
+
+    reexec_with_tuned_malloc()
+
 from flax_transformer.cli.train import *  # noqa: F403  (train.parse_args etc. as before)
 from flax_transformer.cli.train import main
 

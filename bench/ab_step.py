@@ -29,6 +29,7 @@ import numpy as np
 
 from bench.setup import DROPOUT, REFERENCE_BATCH, bench_config, make_batch
 from flax_transformer.spec.presets import PRESETS
+from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
 # Runs inside the worker, in the tree under test: reads the config and batch, compiles, then
 # answers each line "N" on stdin with the N step times (seconds) as one JSON line.
@@ -126,6 +127,7 @@ def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: i
         "same_compiled_program": ready[a]["hlo_sha256"] == ready[b]["hlo_sha256"],
         "batch": {k: list(v.shape) for k, v in batch.items()},
         "loadavg_start": load_start,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "loadavg_end": os.getloadavg(),
         "rounds": rounds,
         "steps_per_round": steps,
@@ -187,4 +189,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # As train.py: the step's temporaries stay mapped (training/host_memory.py);
+    # FLAX_TRANSFORMER_MALLOC=system times glibc's defaults.
+    reexec_with_tuned_malloc()
     sys.exit(main())

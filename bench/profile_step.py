@@ -27,6 +27,7 @@ import jax
 
 from bench import setup
 from bench.flax_step import build_flax_step, step_loss
+from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
 # Profiler bookkeeping, not work.
 _SKIPPED_EVENTS = ("ThunkExecutor", "Threadpool", "SlinkyThreadPool", "end:")
@@ -196,4 +197,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # As train.py: the step's temporaries stay mapped (training/host_memory.py);
+    # FLAX_TRANSFORMER_MALLOC=system times glibc's defaults.
+    reexec_with_tuned_malloc()
     raise SystemExit(main())

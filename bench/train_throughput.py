@@ -54,6 +54,7 @@ from bench.setup import (
 )
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.presets import PRESETS
+from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -254,6 +255,7 @@ def run(args: argparse.Namespace) -> dict:
             "jax": jax.__version__,
             "torch": torch.__version__,
             "loadavg_start": os.getloadavg(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         },
         "quick": args.quick,
     }
@@ -474,4 +476,7 @@ def _json_default(value):
 
 
 if __name__ == "__main__":
+    # As train.py: the step's temporaries stay mapped (training/host_memory.py);
+    # FLAX_TRANSFORMER_MALLOC=system times glibc's defaults.
+    reexec_with_tuned_malloc()
     sys.exit(main())

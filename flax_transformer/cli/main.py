@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `ftx COMMAND ...` (`argv` without the program name; default sys.argv[1:]) through that
     command's `main`; return its exit status (2 for no or an unknown command, or a SystemExit that
     carries a message)."""
+    process_entry = argv is None  # the `ftx` program itself, not a call from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print(f"{USAGE}\nftx: error: give a command: {', '.join(COMMANDS)}", file=sys.stderr)
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if first == "train" and process_entry:  # before JAX loads (training/host_memory.py)
+        from flax_transformer.training.host_memory import reexec_with_tuned_malloc
+
+        reexec_with_tuned_malloc()
     module = importlib.import_module(COMMANDS[first][0])
     try:
         code = module.main(rest)
