@@ -2,7 +2,8 @@
 
     python -m bench.ab_step --tree A=/path/to/old/checkout --tree B=. --json OUT.json
         [--rounds 10] [--steps 3] [--preset reference] [--batch 32 --src-len 64 --tgt-len 64]
-        [--max-len 256]
+        [--max-len 256] [--layers 3 --vocab 1000]
+    python -m bench.ab_step --tree system=. --tree tuned=. --system-malloc system
 
 One worker process per tree (its directory first on sys.path, so `flax_transformer` and
 `bench.flax_step` are that tree's) compiles the tree's own benchmark step
@@ -11,7 +12,10 @@ batch, then waits. The driver asks the workers in turn for `--steps` timed steps
 which goes first each round, so a neighbour's load that comes and goes between rounds lands on
 both alike: on a shared machine this compares two versions far more tightly than two separate
 `bench.train_throughput` runs. Reports each tree's median step, the ratio of medians and the
-median of the per-round ratios (B / A: below 1 = B faster).
+median of the per-round ratios (B / A: below 1 = B faster). The driver re-executes itself with
+training/host_memory.py's malloc tunables, as train.py does, and the workers inherit them;
+`--system-malloc NAME` runs that tree's worker with glibc's defaults instead (the second
+command: one tree, with and without the tunables).
 """
 
 from __future__ import annotations
@@ -71,11 +75,19 @@ for line in sys.stdin:
 """
 
 
-def start_worker(tree: Path, config_path: Path, batch_path: Path) -> subprocess.Popen:
+def start_worker(
+    tree: Path, config_path: Path, batch_path: Path, system_malloc: bool = False
+) -> subprocess.Popen:
+    """system_malloc: the worker runs with glibc's default malloc (no GLIBC_TUNABLES), not the
+    tuned one this driver re-executed itself with (training/host_memory.py)."""
     code = f"import sys; sys.path.insert(0, {str(tree)!r})\n{WORKER}"
+    env = dict(os.environ)
+    if system_malloc:
+        env.pop("GLIBC_TUNABLES", None)
     return subprocess.Popen(
         [sys.executable, "-c", code, str(config_path), str(batch_path)],
         cwd=tree,
+        env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -89,9 +101,17 @@ def read_reply(name: str, worker: subprocess.Popen):
     return json.loads(line)
 
 
-def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: int) -> dict:
+def run(
+    trees: dict[str, Path],
+    fields: dict,
+    batch: dict,
+    rounds: int,
+    steps: int,
+    system_malloc: frozenset[str] = frozenset(),
+) -> dict:
     """`fields`: the TransformerConfig fields to set; every tree must know them (later trees
-    may have added fields: those keep their defaults)."""
+    may have added fields: those keep their defaults). `system_malloc`: names of the trees
+    whose worker runs with glibc's default malloc."""
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         config_path, batch_path = Path(tmp, "config.json"), Path(tmp, "batch.npz")
@@ -100,7 +120,9 @@ def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: i
         workers, ready = {}, {}
         try:
             for name, tree in trees.items():  # one compiles while the other waits
-                workers[name] = start_worker(tree, config_path, batch_path)
+                workers[name] = start_worker(
+                    tree, config_path, batch_path, system_malloc=name in system_malloc
+                )
                 ready[name] = read_reply(name, workers[name])
             times = {name: [] for name in workers}
             per_round = {name: [] for name in workers}
@@ -128,6 +150,7 @@ def run(trees: dict[str, Path], fields: dict, batch: dict, rounds: int, steps: i
         "batch": {k: list(v.shape) for k, v in batch.items()},
         "loadavg_start": load_start,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "system_malloc": sorted(system_malloc),
         "loadavg_end": os.getloadavg(),
         "rounds": rounds,
         "steps_per_round": steps,
@@ -153,6 +176,15 @@ def main(argv=None) -> int:
     parser.add_argument("--src-len", type=int, default=REFERENCE_BATCH[1])
     parser.add_argument("--tgt-len", type=int, default=REFERENCE_BATCH[2])
     parser.add_argument("--max-len", type=int, help="the model's max_len (default: the preset's)")
+    parser.add_argument("--layers", type=int, help="encoder and decoder layers each")
+    parser.add_argument("--vocab", type=int, help="source and target vocabulary size")
+    parser.add_argument(
+        "--system-malloc",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="run this tree's worker with glibc's default malloc (A/B of host_memory's tunables)",
+    )
     args = parser.parse_args(argv)
     if len(args.tree) != 2 or any("=" not in t for t in args.tree):
         parser.error("give exactly two --tree NAME=DIR")
@@ -167,12 +199,19 @@ def main(argv=None) -> int:
     fields = {**PRESETS[args.preset], "dropout_rate": DROPOUT}
     if args.max_len is not None:
         fields["max_len"] = args.max_len
+    if args.layers is not None:
+        fields.update(num_encoder_layers=args.layers, num_decoder_layers=args.layers)
+    if args.vocab is not None:
+        fields.update(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
+    if unknown := set(args.system_malloc) - set(trees):
+        parser.error(f"--system-malloc {', '.join(sorted(unknown))}: not a --tree name")
     try:
-        cfg = bench_config(args.preset, max_len=fields["max_len"])
+        overrides = {k: v for k, v in fields.items() if k != "dropout_rate"}
+        cfg = bench_config(args.preset, **overrides)
         batch = make_batch(cfg, args.batch, args.src_len, args.tgt_len)
     except ValueError as err:
         parser.error(str(err))
-    result = run(trees, fields, batch, args.rounds, args.steps)
+    result = run(trees, fields, batch, args.rounds, args.steps, frozenset(args.system_malloc))
     a, b = trees
     for name in trees:
         stats = result["step_ms"][name]

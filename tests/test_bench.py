@@ -180,6 +180,10 @@ def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
             ["--tree", "a=.", "--tree", "b=.", "--max-len", "256", "--src-len", "257"],
             "exceeds the config's max_len",
         ),
+        (
+            ["--tree", "a=.", "--tree", "b=.", "--system-malloc", "c"],
+            "--system-malloc c: not a --tree name",
+        ),
     ],
 )
 def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys):
@@ -187,3 +191,14 @@ def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys):
         ab_step.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_ab_step_system_malloc_worker_runs_without_the_tunables(monkeypatch, tmp_path):
+    """--system-malloc NAME: that worker gets no GLIBC_TUNABLES; the other inherits them."""
+    tunables = []
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=1")
+    fake_popen = lambda cmd, env, **kwargs: tunables.append(env.get("GLIBC_TUNABLES"))  # noqa: E731
+    monkeypatch.setattr(ab_step.subprocess, "Popen", fake_popen)
+    ab_step.start_worker(tmp_path, tmp_path / "config.json", tmp_path / "batch.npz", True)
+    ab_step.start_worker(tmp_path, tmp_path / "config.json", tmp_path / "batch.npz")
+    assert tunables == [None, "glibc.malloc.arena_max=1"]
