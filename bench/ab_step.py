@@ -33,6 +33,7 @@ import numpy as np
 
 from bench.setup import DROPOUT, REFERENCE_BATCH, bench_config, make_batch
 from flax_transformer.spec.presets import PRESETS
+from flax_transformer.training import host_memory
 from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
 # Runs inside the worker, in the tree under test: reads the config and batch, compiles, then
@@ -205,6 +206,12 @@ def main(argv=None) -> int:
         fields.update(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
     if unknown := set(args.system_malloc) - set(trees):
         parser.error(f"--system-malloc {', '.join(sorted(unknown))}: not a --tree name")
+    if args.system_malloc and not os.environ.get(host_memory.DONE):
+        parser.error(
+            "--system-malloc: this driver runs with glibc's defaults itself (not started as "
+            "`python -m bench.ab_step`, FLAX_TRANSFORMER_MALLOC=system, not Linux/glibc, or a "
+            "JAX plugin installed), so both workers would: nothing to compare"
+        )
     try:
         overrides = {k: v for k, v in fields.items() if k != "dropout_rate"}
         cfg = bench_config(args.preset, **overrides)

@@ -186,11 +186,20 @@ def test_ab_step_times_two_trees_in_turn(changed, tmp_path):
         ),
     ],
 )
-def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys):
+def test_ab_step_bad_flags_exit_with_a_message(argv, message, capsys, monkeypatch):
+    monkeypatch.setenv("FLAX_TRANSFORMER_MALLOC_REEXECUTED", "1")
     with pytest.raises(SystemExit) as exit_info:
         ab_step.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_ab_step_system_malloc_needs_a_tuned_driver(monkeypatch, capsys):
+    """Without the tunables in the driver both workers would run glibc's defaults."""
+    monkeypatch.delenv("FLAX_TRANSFORMER_MALLOC_REEXECUTED", raising=False)
+    with pytest.raises(SystemExit):
+        ab_step.main(["--tree", "a=.", "--tree", "b=.", "--system-malloc", "a"])
+    assert "runs with glibc's defaults itself" in capsys.readouterr().err
 
 
 def test_ab_step_system_malloc_worker_runs_without_the_tunables(monkeypatch, tmp_path):
