@@ -34,7 +34,6 @@ import numpy as np
 from bench.setup import DROPOUT, REFERENCE_BATCH, bench_config, make_batch
 from flax_transformer.spec.presets import PRESETS
 from flax_transformer.training import host_memory
-from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
 # Runs inside the worker, in the tree under test: reads the config and batch, compiles, then
 # answers each line "N" on stdin with the N step times (seconds) as one JSON line.
@@ -235,7 +234,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # As train.py: the step's temporaries stay mapped (training/host_memory.py);
-    # FLAX_TRANSFORMER_MALLOC=system times glibc's defaults.
-    reexec_with_tuned_malloc()
+    host_memory.reexec_with_tuned_malloc()  # as train.py (FLAX_TRANSFORMER_MALLOC=system: off)
     sys.exit(main())

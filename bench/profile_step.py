@@ -197,7 +197,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # As train.py: the step's temporaries stay mapped (training/host_memory.py);
-    # FLAX_TRANSFORMER_MALLOC=system times glibc's defaults.
-    reexec_with_tuned_malloc()
+    reexec_with_tuned_malloc()  # as train.py (FLAX_TRANSFORMER_MALLOC=system: off)
     raise SystemExit(main())

@@ -84,8 +84,8 @@ def accelerator_plugin_installed(environ: Mapping[str, str]) -> bool:
 
 def tuned_environment(environ: Mapping[str, str]) -> dict[str, str] | None:
     """The environment to re-execute with, or None when nothing should change: opted out, not
-    Linux with glibc, training that will run on an accelerator, or every tunable already set
-    (by the user, or by an earlier re-execution: this is what stops a loop)."""
+    Linux with glibc, training that will run on an accelerator, already re-executed (DONE:
+    this is what stops a loop), or every tunable already set by the user."""
     if environ.get(OPT_OUT, "").strip().lower() == "system" or environ.get(DONE):
         return None
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
@@ -134,8 +134,10 @@ def reexec_with_tuned_malloc() -> None:
     """Replace this process by the same command with the tunables set; return (changing
     nothing) where tuned_environment says so. Call it first thing in a command's entry point,
     before JAX is imported and before anything is printed."""
+    if not launched_as_program():  # first: cheap, and spares a host the plugin scan
+        return
     environ = tuned_environment(os.environ)
-    if environ is None or not launched_as_program():
+    if environ is None:
         return
     for stream in (sys.stdout, sys.stderr):  # what was printed must not be lost (or doubled)
         try:
