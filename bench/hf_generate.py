@@ -321,6 +321,8 @@ def run(args, argv: list[str]) -> dict:
         "cpu": ct2_peer.cpu_info(),
         "ctranslate2": ct2_peer.version(),
         "ctranslate2_skipped": ct2_missing,
+        # which int8 product ran: nn.int8_amx's kernel, or XLA's dot and why
+        "int8_kernel": (_int8_kernel() if args.quantize else None),
         "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
@@ -338,6 +340,13 @@ def run(args, argv: list[str]) -> dict:
         + (" (--quick: tiny)" if args.quick else ""),
     }
     return {"cells": result_cells, "machine": machine}
+
+
+def _int8_kernel() -> str:
+    from flax_transformer.nn import int8_amx
+
+    why = int8_amx.reason_unavailable()
+    return "amx" if why is None else f"xla ({why})"
 
 
 def format_table(result: dict) -> str:
@@ -370,6 +379,8 @@ def format_table(result: dict) -> str:
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
     if "flax_int8_tok_s" in result["cells"][0]:
         lines += _int8_table(result["cells"], ct2)
+        if machine.get("int8_kernel"):
+            lines.append(f"int8 products: {machine['int8_kernel']}")
     if machine.get("ctranslate2_skipped"):
         lines.append(machine["ctranslate2_skipped"])
     return "\n".join(lines)

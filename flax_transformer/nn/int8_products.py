@@ -7,6 +7,11 @@ The model code is not changed: `Int8ProductsTransformer` / `Int8ProductsTransfor
 `apply` under a flax method interceptor that routes `Dense.__call__` and `nn.Embed.__call__` /
 `attend` to the int8 code when their parameter is an Int8Matrix (anything else runs as usual).
 
+On a CPU with Intel AMX the products run in nn.int8_amx's kernel, on weights packed once by
+`quantize_for_products` (an AmxInt8Matrix); elsewhere, and for matrices whose input size is
+not a multiple of 64, in XLA's int8 dot. Both are exact int8 x int8 -> int32, so the two paths
+give the same numbers; FLAX_TRANSFORMER_INT8_KERNEL chooses (nn.int8_amx).
+
 Why dynamic int8 and not weight-only: on XLA:CPU a dequantise-then-float32 product is slower
 than float32 itself; an int8 x int8 product of 4-8 rows was 2-2.8x faster (bench/NOTES.md,
 "int8 for Hugging Face models"). Fewer rows than MIN_ROWS are padded with zero rows: an int8
@@ -19,7 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
+from flax_transformer.nn import int8_amx
 from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
 from flax_transformer.nn.layers import Dense
 from flax_transformer.nn.model import Transformer, TransformerLM
@@ -31,6 +38,14 @@ from flax_transformer.nn.model import Transformer, TransformerLM
 MIN_ROWS = 4
 
 
+@struct.dataclass
+class AmxInt8Matrix(Int8Matrix):
+    """An Int8Matrix whose products run in nn.int8_amx's kernel: `packed` is the matrix as
+    (in, out), in the kernel's layout (int8_amx.pack), `values` and `scale` as before."""
+
+    packed: jax.Array | None = None
+
+
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(rows, in) float -> int8 values and (rows, 1) float32 scales, one per row."""
     x = x.astype(jnp.float32)
@@ -38,22 +53,26 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.clip(jnp.round(x / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
 
 
-def int8_product(rows: jax.Array, values: jax.Array, contract_axis: int) -> jax.Array:
-    """rows (n, in) float times int8 `values` contracted on `contract_axis` (0: an (in, out)
-    kernel, 1: a (vocab, in) table): the int32 accumulators as float32 times the row scales;
-    the caller applies the weight scales."""
+def int8_product(rows: jax.Array, matrix: Int8Matrix, contract_axis: int) -> jax.Array:
+    """rows (n, in) float times the int8 values of `matrix` contracted on `contract_axis` (0:
+    an (in, out) kernel, 1: a (vocab, in) table): the int32 accumulators as float32 times the
+    row scales; the caller applies the weight scales. An AmxInt8Matrix's product runs on AMX."""
     n = rows.shape[0]
     if n < MIN_ROWS:
         rows = jnp.concatenate([rows, jnp.zeros((MIN_ROWS - n, rows.shape[1]), rows.dtype)])
     xq, sx = quantize_rows(rows)
-    acc = jax.lax.dot_general(
-        xq, values, (((1,), (contract_axis,)), ((), ())), preferred_element_type=jnp.int32
-    )
+    values = matrix.values
+    if getattr(matrix, "packed", None) is not None:
+        acc = int8_amx.product(xq, matrix.packed, values.shape[1 - contract_axis])
+    else:
+        acc = jax.lax.dot_general(
+            xq, values, (((1,), (contract_axis,)), ((), ())), preferred_element_type=jnp.int32
+        )
     return (acc.astype(jnp.float32) * sx)[:n]
 
 
 def _dense(module: Dense, kernel: Int8Matrix, x: jax.Array) -> jax.Array:
-    y = int8_product(x.reshape(-1, x.shape[-1]), kernel.values, 0) * kernel.scale
+    y = int8_product(x.reshape(-1, x.shape[-1]), kernel, 0) * kernel.scale
     y = y.reshape(x.shape[:-1] + (module.features,)).astype(module.dtype or x.dtype)
     return y + module.get_variable("params", "bias") if module.use_bias else y
 
@@ -62,7 +81,7 @@ def _embed(module: nn.Embed, method: str, table: Int8Matrix, x: jax.Array) -> ja
     if method == "__call__":  # a lookup: the rows read, dequantised
         rows = jnp.take(table.values, x, axis=0).astype(jnp.float32)
         return (rows * jnp.take(table.scale, x, axis=0)).astype(module.dtype)
-    y = int8_product(x.reshape(-1, x.shape[-1]), table.values, 1) * table.scale[:, 0]
+    y = int8_product(x.reshape(-1, x.shape[-1]), table, 1) * table.scale[:, 0]
     return y.reshape(x.shape[:-1] + (table.values.shape[0],)).astype(module.dtype)
 
 
@@ -83,14 +102,22 @@ def int8_interceptor(next_fun, args, kwargs, context):
 def quantize_for_products(variables: dict) -> dict:
     """{"params": tree} with every Dense kernel (one scale per column) and embedding table (one
     scale per row) an Int8Matrix (nn.int8.quantize_matrix); other leaves and collections, the
-    learned position tables included, as they were."""
+    learned position tables included, as they were. Where nn.int8_amx runs (its switch, the
+    CPU), the matrices whose input size suits its tiles are AmxInt8Matrix, packed for it."""
     axes = {"kernel": 0, "embedding": 1}  # the axis reduced: the scale runs along the other
+    amx = int8_amx.use_amx()
 
     def leaf(path, value):
         name = getattr(path[-1], "key", None)
-        if np.ndim(value) == 2 and name in axes:
-            return quantize_matrix(value, reduce_axis=axes[name])
-        return value
+        if not (np.ndim(value) == 2 and name in axes):
+            return value
+        matrix = quantize_matrix(value, reduce_axis=axes[name])
+        # As the product reads it: (in, out); a table (vocab, in) is the transpose.
+        product_layout = np.asarray(matrix.values if name == "kernel" else matrix.values.T)
+        if not (amx and int8_amx.supports(product_layout.shape[0])):
+            return matrix
+        packed = int8_amx.pack(product_layout)
+        return AmxInt8Matrix(matrix.values, matrix.scale, matrix.dtype, packed)
 
     params = jax.tree_util.tree_map_with_path(leaf, variables["params"])
     return {**variables, "params": params}

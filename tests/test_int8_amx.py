@@ -1,0 +1,144 @@
+"""nn.int8_amx: int8 products on Intel AMX with weights packed once, and the switch between it
+and XLA's int8 dot. The kernel is exact (int8 x int8 -> int32), so everything it computes is
+compared for equality with XLA's dot. Tests that run the kernel skip on a CPU without AMX
+(the reason is in the skip message); the layout, the switch and the fallbacks run everywhere."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer.nn import int8_amx
+from flax_transformer.nn.int8 import Int8Matrix
+from flax_transformer.nn.int8_products import quantize_for_products
+
+WHY_NOT = int8_amx.reason_unavailable() if int8_amx.choice() != "xla" else "switch set to xla"
+needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"AMX kernel unavailable: {WHY_NOT}")
+
+
+def _dot(x, w):
+    return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def test_pack_layout_and_padding():
+    rng = np.random.default_rng(0)
+    values = rng.integers(-127, 128, (128, 70)).astype(np.int8)
+    packed = int8_amx.pack(values)
+    assert packed.shape == (96 // 16, 128 // 4, 16, 4)  # 70 columns padded to 96
+    b, q, j, i = 2, 5, 3, 1
+    assert packed[b, q, j, i] == values[4 * q + i, 16 * b + j]
+    unpacked = packed.transpose(1, 3, 0, 2).reshape(128, 96)
+    np.testing.assert_array_equal(unpacked[:, :70], values)
+    assert not unpacked[:, 70:].any()
+    with pytest.raises(ValueError, match="K = 96 is not a multiple of 64"):
+        int8_amx.pack(np.zeros((96, 32), np.int8))
+
+
+def test_switch(monkeypatch):
+    monkeypatch.setenv(int8_amx.SWITCH, "fast")
+    with pytest.raises(ValueError, match="FLAX_TRANSFORMER_INT8_KERNEL='fast'"):
+        int8_amx.choice()
+    monkeypatch.setenv(int8_amx.SWITCH, "xla")
+    assert int8_amx.reason_unavailable() == "FLAX_TRANSFORMER_INT8_KERNEL=xla"
+    assert not int8_amx.use_amx()
+
+
+def test_cpu_without_amx_falls_back_or_says_why(monkeypatch):
+    monkeypatch.setattr(int8_amx, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+    monkeypatch.setattr(int8_amx.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(int8_amx.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv(int8_amx.SWITCH, "auto")
+    assert int8_amx.reason_unavailable() == "this CPU lacks amx_int8 and amx_tile"
+    assert not int8_amx.use_amx()
+    monkeypatch.setenv(int8_amx.SWITCH, "amx")
+    with pytest.raises(ValueError, match="cannot run here: this CPU lacks amx_int8"):
+        int8_amx.use_amx()
+    monkeypatch.setenv(int8_amx.SWITCH, "auto")
+    matrix = quantize_for_products({"params": {"d": {"kernel": np.ones((64, 32), np.float32)}}})
+    assert type(matrix["params"]["d"]["kernel"]) is Int8Matrix  # XLA's dot then
+
+
+def test_cpu_flags_reads_the_first_processor():
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_int8\n\nprocessor\t: 1\nflags : x\n"
+    assert int8_amx.cpu_flags(cpuinfo) == {"fpu", "avx2", "amx_tile", "amx_int8"}
+
+
+def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLAX_TRANSFORMER_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    int8_amx._load.cache_clear()
+    try:
+        library, why = int8_amx._load()
+        assert library is None and why.startswith("building int8_amx.cc with false failed")
+        assert not list(tmp_path.glob("*.so"))  # nothing half-written left
+    finally:
+        int8_amx._load.cache_clear()
+
+
+@needs_amx
+@pytest.mark.parametrize("k", [64, 512])
+@pytest.mark.parametrize("n", [32, 100, 1000])
+def test_product_is_xla_dot_exactly(k, n):
+    rng = np.random.default_rng(k + n)
+    w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    packed = jnp.asarray(int8_amx.pack(w))
+    product = jax.jit(int8_amx.product, static_argnums=2)
+    for m in (1, 5, 16, 17, 32, 40):
+        x = jnp.asarray(rng.integers(-127, 128, (m, k)), jnp.int8)
+        np.testing.assert_array_equal(product(x, packed, n), _dot(x, jnp.asarray(w)))
+
+
+@needs_amx
+def test_concurrent_products_in_a_loop():
+    """Independent products in one program (XLA may run them at once on its pool, every pool
+    thread busy), inside a while loop: the same as XLA's dot, and no deadlock."""
+    rng = np.random.default_rng(1)
+    ws = [rng.integers(-127, 128, (512, 2048)).astype(np.int8) for _ in range(4)]
+    packed = [jnp.asarray(int8_amx.pack(w)) for w in ws]
+    x0 = jnp.asarray(rng.integers(-127, 128, (8, 512)), jnp.int8)
+
+    def run(x, weights, amx):
+        def body(_, x):
+            outs = [int8_amx.product(x, p, 2048) if amx else _dot(x, p) for p in weights]
+            total = sum(o[:, :512] for o in outs)
+            return (total % 255 - 127).astype(jnp.int8)
+
+        return jax.lax.fori_loop(0, 5, body, x)
+
+    got = jax.jit(lambda x, ws: run(x, ws, True))(x0, packed)
+    want = jax.jit(lambda x, ws: run(x, ws, False))(x0, [jnp.asarray(w) for w in ws])
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_amx
+def test_int8_marian_same_logits_and_tokens_as_xla_dot(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from flax_transformer import hf
+    from tests import hf_models
+
+    sizes = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128)
+    path = hf_models.save(hf_models.build("marian", **sizes), tmp_path / "marian")
+    rng = np.random.default_rng(0)
+    ids, mask = hf_models.ragged_batch(
+        rng, hf_models.VOCAB - 1, [7, 4, 9], low=2, pad=hf_models.MARIAN_PAD
+    )
+    results = {}
+    for kernel in ("amx", "xla"):
+        monkeypatch.setenv(int8_amx.SWITCH, kernel)
+        model = hf.load(path, quantize="int8")
+        matrices = [
+            x
+            for x in jax.tree.leaves(model.variables, is_leaf=_is_int8)
+            if isinstance(x, Int8Matrix)
+        ]
+        kinds = {type(x).__name__ for x in matrices}
+        assert kinds == ({"AmxInt8Matrix"} if kernel == "amx" else {"Int8Matrix"})
+        tokens = model.generate(ids, mask, num_beams=3, max_new_tokens=12)
+        results[kernel] = np.asarray(tokens)
+    np.testing.assert_array_equal(results["amx"], results["xla"])
+
+
+def _is_int8(x) -> bool:
+    return isinstance(x, Int8Matrix)
