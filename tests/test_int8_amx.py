@@ -77,6 +77,18 @@ def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
         int8_amx._load.cache_clear()
 
 
+def test_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FLAX_TRANSFORMER_CACHE", str(blocker / "cache"))
+    int8_amx._load.cache_clear()
+    try:
+        library, why = int8_amx._load()
+        assert library is None and why.startswith("the AMX kernel could not be built or loaded")
+    finally:
+        int8_amx._load.cache_clear()
+
+
 @needs_amx
 @pytest.mark.parametrize("k", [64, 512])
 @pytest.mark.parametrize("n", [32, 100, 1000])

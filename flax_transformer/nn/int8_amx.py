@@ -104,6 +104,13 @@ def cache_dir() -> Path:
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
     """(the loaded, registered library, None) or (None, why not)."""
+    try:
+        return _build_and_register()
+    except OSError as err:  # an unwritable cache, a library that will not load
+        return None, f"the AMX kernel could not be built or loaded: {err}"
+
+
+def _build_and_register() -> tuple[ctypes.CDLL | None, str | None]:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         return None, "no C++ compiler (g++) to build the kernel"
