@@ -62,7 +62,7 @@ def int8_product(rows: jax.Array, matrix: Int8Matrix, contract_axis: int) -> jax
         rows = jnp.concatenate([rows, jnp.zeros((MIN_ROWS - n, rows.shape[1]), rows.dtype)])
     xq, sx = quantize_rows(rows)
     values = matrix.values
-    if getattr(matrix, "packed", None) is not None:
+    if isinstance(matrix, AmxInt8Matrix):
         acc = int8_amx.product(xq, matrix.packed, values.shape[1 - contract_axis])
     else:
         acc = jax.lax.dot_general(
@@ -112,9 +112,11 @@ def quantize_for_products(variables: dict) -> dict:
         if not (np.ndim(value) == 2 and name in axes):
             return value
         matrix = quantize_matrix(value, reduce_axis=axes[name])
+        if not amx:
+            return matrix
         # As the product reads it: (in, out); a table (vocab, in) is the transpose.
         product_layout = np.asarray(matrix.values if name == "kernel" else matrix.values.T)
-        if not (amx and int8_amx.supports(product_layout.shape[0])):
+        if not int8_amx.supports(product_layout.shape[0]):
             return matrix
         packed = int8_amx.pack(product_layout)
         return AmxInt8Matrix(matrix.values, matrix.scale, matrix.dtype, packed)
