@@ -9,8 +9,9 @@ refuses with one line on stderr and exit status 2. `--allow-cpu --tiny` runs the
 the CPU with a tiny model; it exists for the test of this plumbing and measures nothing useful.
 
 Parts (bench/gpu_parts.py has the measuring code):
-- tests: `pytest -m "not slow" -n 0` on GPU_TESTS (attention paths, mixed precision, decoding,
-  Hugging Face generation), its exit status and summary line recorded;
+- tests: `pytest -m "not slow" -n WORKERS` on GPU_TESTS (attention paths, mixed precision,
+  decoding, Hugging Face generation; the workers share the GPU, JAX allocating on demand),
+  its exit status, summary line and failures recorded, time-boxed by --tests-timeout;
 - peak: a bf16 GEMM timed in JAX and in torch on the device, and the datasheet's dense bf16
   tensor peak of the GPU (PEAK_BF16_TFLOPS, matched on torch's device name);
 - train: per size, the project's jitted train step with dtype=bfloat16 (float32 params) against
@@ -24,6 +25,9 @@ Parts (bench/gpu_parts.py has the measuring code):
   dtype="bfloat16")` against transformers' `generate` in bfloat16 with attn_implementation
   "sdpa", eager and with a static cache (which transformers compiles with torch.compile),
   interleaved; tokens compared with transformers' (bf16 on both sides: agreement, not identity).
+
+The JSON is written again after each part and each training size, so a run cut short by a
+time limit still leaves what it measured (`"complete": false` until the end).
 """
 
 from __future__ import annotations
@@ -65,7 +69,6 @@ GPU_TESTS = (
     "tests/test_training.py",
 )
 
-TESTS_TIMEOUT_S = 1800
 NO_GPU = "bench.gpu: no CUDA GPU here ({why}); this benchmark runs on a CUDA machine only"
 
 
@@ -96,22 +99,24 @@ def find_gpu() -> tuple[dict, str | None]:
     return seen, "; ".join(problems) or None
 
 
-def run_tests(skip: bool) -> dict:
-    if skip:
+def run_tests(args) -> dict:
+    if args.skip_tests:
         return {"skipped": "--skip-tests"}
-    command = [sys.executable, "-m", "pytest", "-m", "not slow", "-n", "0", "-q"]
-    command += ["-p", "no:cacheprovider", *GPU_TESTS]
+    command = [sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-rfE"]
+    command += ["-n", str(args.test_workers), "-p", "no:cacheprovider", *GPU_TESTS]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.tests_timeout)
     except subprocess.TimeoutExpired:
         return {"command": " ".join(command[1:]), "returncode": None,
-                "summary": f"timed out after {TESTS_TIMEOUT_S} s"}  # fmt: skip
+                "summary": f"timed out after {args.tests_timeout} s"}  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     return {
         "command": " ".join(command[1:]),
         "returncode": done.returncode,
         "summary": lines[-1] if lines else done.stderr[-500:],
+        # -rfE: one "FAILED tests/...::name - reason" line per failure or error
+        "failures": [line[:300] for line in lines if line.startswith(("FAILED", "ERROR"))],
         "seconds": round(time.perf_counter() - start, 1),
     }
 
@@ -122,6 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--steps", type=int, default=5, help="train steps per variant per round")
     parser.add_argument("--skip-tests", action="store_true", help="leave the tests out")
+    parser.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers")
+    parser.add_argument("--tests-timeout", type=int, default=1800, help="seconds for the tests")
+    parser.add_argument("--sizes", default=None, help="comma-separated training sizes (all)")
     parser.add_argument("--skip-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument(
         "--compile-timeout", type=int, default=600, help="seconds allowed per torch.compile"
@@ -134,12 +142,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     args.parts = [part for part in args.parts.split(",") if part]
+    from bench.gpu_parts import TINY_SIZES, TRAIN_SIZES
+
+    known = TINY_SIZES if args.tiny else TRAIN_SIZES
+    args.sizes = list(known) if args.sizes is None else args.sizes.split(",")
+    if not args.sizes or set(args.sizes) - set(known):
+        parser.error(f"--sizes: from {','.join(known)}, got {','.join(args.sizes)}")
     if set(args.parts) - {"train", "decode"}:
         parser.error(f"--parts: train and/or decode, got {','.join(args.parts)}")
     return args
 
 
-def assemble(args, argv, seen, parts: dict, tests: dict, peak: dict) -> dict:
+def assemble(args, argv, seen, parts: dict, tests: dict, peak: dict, complete: bool) -> dict:
     """The one JSON: machine, peaks, tests and each part's rows, MFU filled in."""
     import jax
     import torch
@@ -156,6 +170,7 @@ def assemble(args, argv, seen, parts: dict, tests: dict, peak: dict) -> dict:
             variant["mfu_vs_measured_gemm"] = round(tflops / measured, 4) if measured else None
     return {
         "command": " ".join(["bash", "bench/gpu.sh", *argv]),
+        "complete": complete,
         "machine": {
             **seen,
             "platform": platform.platform(),
@@ -200,17 +215,28 @@ def main(argv=None) -> int:
     from bench import gpu_parts
 
     device = "cpu" if why_not else "cuda"
-    tests = run_tests(args.skip_tests)
-    peak = gpu_parts.gemm_peak_tflops(device, 256 if args.tiny else 8192)
-    parts = {}
+    tests, peak, parts = {}, {}, {}
+
+    def save(note: str, complete: bool = False) -> dict:
+        """Write the JSON as it stands (a cut-short run keeps what it measured)."""
+        result = assemble(args, argv, seen, parts, tests, peak, complete)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"bench.gpu: {note}", flush=True)
+        return result
+
+    tests.update(run_tests(args))
+    save(f"tests: {tests.get('summary', tests.get('skipped'))}")
+    peak.update(gpu_parts.gemm_peak_tflops(device, 256 if args.tiny else 8192))
+    save(f"bf16 GEMM peak (TFLOP/s): {peak}")
     if "train" in args.parts:
-        parts["train"] = gpu_parts.train_rows(args, device)
+        parts["train"] = []
+        for row in gpu_parts.train_rows(args, device):
+            parts["train"].append(row)
+            save(f"train {row['size']} done")
     if "decode" in args.parts:
         parts["decode"] = gpu_parts.decode_cells(args, device)
-    result = assemble(args, argv, seen, parts, tests, peak)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(format_summary(result))
+    print(format_summary(save("done", complete=True)))
     return 0
 
 

@@ -9,6 +9,7 @@ import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,11 +146,12 @@ def _interleave(steps: dict, times: dict, rounds: int, repeats: int) -> None:
                 times[name].append(time.perf_counter() - start)
 
 
-def train_rows(args, device: str) -> list[dict]:
-    """One row per size: every variant's median step, tokens/s and losses (or its error)."""
-    sizes = TINY_SIZES if args.tiny else TRAIN_SIZES
-    rows = []
-    for size, (name, overrides, (batch_size, src_len, tgt_len)) in sizes.items():
+def train_rows(args, device: str) -> Iterator[dict]:
+    """One row per size in args.sizes, yielded as it is measured: every variant's median step,
+    tokens/s and losses (or its error)."""
+    known = TINY_SIZES if args.tiny else TRAIN_SIZES
+    for size in args.sizes:
+        name, overrides, (batch_size, src_len, tgt_len) = known[size]
         cfg32 = setup.bench_config(name, "float32", setup.DROPOUT, **overrides)
         batch = setup.make_batch(cfg32, batch_size, src_len, tgt_len)
         steps, out = {}, {}
@@ -179,21 +181,16 @@ def train_rows(args, device: str) -> list[dict]:
                 "tok_s": round(tokens / median, 1),
                 "last_loss": steps[variant](),
             }
-        rows.append(
-            {
-                "size": size,
-                "config": {k: cfg32.to_dict()[k] for k in ("d_model", "num_heads", "d_ff")}
-                | {"layers": cfg32.num_encoder_layers, "vocab": cfg32.tgt_vocab_size},
-                "batch": {"batch": batch_size, "src_len": src_len, "tgt_len": tgt_len},
-                "tokens_per_step": tokens,
-                "model_flops_per_step": setup.model_flops_per_step(
-                    cfg32, batch_size, src_len, tgt_len
-                ),
-                "variants": out,
-            }
-        )
         steps.clear()
-    return rows
+        yield {
+            "size": size,
+            "config": {k: cfg32.to_dict()[k] for k in ("d_model", "num_heads", "d_ff")}
+            | {"layers": cfg32.num_encoder_layers, "vocab": cfg32.tgt_vocab_size},
+            "batch": {"batch": batch_size, "src_len": src_len, "tgt_len": tgt_len},
+            "tokens_per_step": tokens,
+            "model_flops_per_step": setup.model_flops_per_step(cfg32, batch_size, src_len, tgt_len),
+            "variants": out,
+        }
 
 
 # ----------------------------------------------------------------------------- decoding

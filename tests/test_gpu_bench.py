@@ -87,7 +87,7 @@ def test_json_from_faked_parts(tmp_path, monkeypatch, capsys):
     assert flax["tflops"] == pytest.approx(98.9) and flax["mfu"] == pytest.approx(0.1)
     assert flax["mfu_vs_measured_gemm"] == pytest.approx(98.9 / 700, abs=1e-4)
     assert result["train"][0]["variants"]["torch_sdpa_compile"] == {"error": "x"}
-    assert result["decode"] == [cell]
+    assert result["decode"] == [cell] and result["complete"] is True
     printed = capsys.readouterr().out
     assert "train reference: flax_bf16 10.0 ms (MFU 0.1), torch_sdpa_compile" in printed
 
@@ -110,10 +110,46 @@ def test_allow_cpu_tiny_run_writes_the_json(tmp_path):
 
 
 @pytest.mark.slow  # a pytest subprocess (~10 s)
-def test_tests_part_records_the_outcome(monkeypatch):
-    monkeypatch.setattr(gpu, "GPU_TESTS", ("tests/test_release.py",))
+def test_tests_part_records_the_outcome_and_each_failure(tmp_path, monkeypatch):
+    failing = tmp_path / "test_fails_here.py"
+    failing.write_text("def test_one_is_two():\n    assert 1 == 2\n")
+    monkeypatch.setattr(gpu, "GPU_TESTS", ("tests/test_release.py", str(failing)))
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    outcome = gpu.run_tests(skip=False)
-    assert outcome["returncode"] == 0 and " passed" in outcome["summary"], outcome
-    assert outcome["command"].endswith("tests/test_release.py") and outcome["seconds"] > 0
+    args = gpu.parse_args(["--json", str(tmp_path / "g.json"), "--test-workers", "0"])
+    outcome = gpu.run_tests(args)
+    assert outcome["returncode"] == 1 and "1 failed" in outcome["summary"], outcome
+    assert " passed" in outcome["summary"] and outcome["seconds"] > 0
+    (failure,) = outcome["failures"]
+    assert failure.startswith("FAILED") and "test_one_is_two" in failure
+    assert outcome["command"].endswith(str(failing)) and "-n 0" in outcome["command"]
+
+
+def test_sizes_option_picks_training_sizes(tmp_path):
+    base = ["--json", str(tmp_path / "g.json")]
+    assert gpu.parse_args(base).sizes == list(gpu_parts.TRAIN_SIZES)
+    assert gpu.parse_args([*base, "--sizes", "small,paper_base"]).sizes == ["small", "paper_base"]
+    assert gpu.parse_args([*base, "--tiny"]).sizes == ["tiny"]
+    with pytest.raises(SystemExit):
+        gpu.parse_args([*base, "--sizes", "small,huge"])
+
+
+def test_a_run_cut_short_keeps_what_it_measured(tmp_path, monkeypatch):
+    """The JSON is rewritten after each training size: a run stopped by a time limit (or a
+    crash) in the next size still leaves the sizes measured, marked incomplete."""
+    h100 = {**CPU_ONLY, "jax_backend": "gpu", "torch_cuda": True, "device_name": "NVIDIA H100"}
+    monkeypatch.setattr(gpu, "find_gpu", lambda: (h100, None))
+    monkeypatch.setattr(gpu_parts, "gemm_peak_tflops", lambda device, n: {"jax": 700.0})
+    first = {"size": "small", "model_flops_per_step": 1e9, "variants": {}}
+
+    def rows_then_crash(args, device):
+        yield first
+        raise RuntimeError("the machine went away")
+
+    monkeypatch.setattr(gpu_parts, "train_rows", rows_then_crash)
+    out = tmp_path / "gpu.json"
+    with pytest.raises(RuntimeError):
+        gpu.main(["--json", str(out), "--skip-tests"])
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and result["train"] == [first]
+    assert result["peak_bf16_tflops"]["measured_gemm"] == {"jax": 700.0}
