@@ -10,5 +10,20 @@ tests start (train.py runs, fake-device meshes) inherit the flags through the en
 
 import os
 
+import pytest
+
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *FAST_COMPILE]).strip()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def float32_products_in_float32():
+    """On a GPU, XLA multiplies float32 matrices in TF32 unless told otherwise (about 1e-3
+    relative); the suite's float32 tolerances (~1e-5) are for float32 products, so on any
+    backend but the CPU the session pins matmul precision to "highest", as the parity runs do
+    (docs/architecture.md, "Matmul precision"). On the CPU products are float32 already."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
+    yield

@@ -99,22 +99,36 @@ def find_gpu() -> tuple[dict, str | None]:
     return seen, "; ".join(problems) or None
 
 
+def tests_log_path(json_path: Path) -> Path:
+    """The tests' whole pytest output, beside the JSON (gpu.json -> gpu_tests.log)."""
+    return json_path.with_name(json_path.stem + "_tests.log")
+
+
 def run_tests(args) -> dict:
+    """GPU_TESTS in a pytest subprocess: outcome, one line per failure, the log's path."""
     if args.skip_tests:
         return {"skipped": "--skip-tests"}
     command = [sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-rfE"]
     command += ["-n", str(args.test_workers), "-p", "no:cacheprovider", *GPU_TESTS]
+    log = tests_log_path(args.json)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    outcome = {"command": " ".join(command[1:]), "log": str(log)}
+    env = {**os.environ, "COLUMNS": "300"}  # -rfE's lines keep the reason (cut to the width)
     start = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.tests_timeout)
-    except subprocess.TimeoutExpired:
-        return {"command": " ".join(command[1:]), "returncode": None,
-                "summary": f"timed out after {args.tests_timeout} s"}  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    return {
-        "command": " ".join(command[1:]),
-        "returncode": done.returncode,
-        "summary": lines[-1] if lines else done.stderr[-500:],
+    with log.open("w") as out:  # written as it runs: a time limit still leaves the log
+        try:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                  env=env, timeout=args.tests_timeout)  # fmt: skip
+            outcome["returncode"] = done.returncode
+        except subprocess.TimeoutExpired:
+            outcome["returncode"] = None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if outcome["returncode"] is None:
+        summary = f"timed out after {args.tests_timeout} s"
+    else:
+        summary = lines[-1] if lines else "(pytest printed nothing)"
+    return outcome | {
+        "summary": summary,
         # -rfE: one "FAILED tests/...::name - reason" line per failure or error
         "failures": [line[:300] for line in lines if line.startswith(("FAILED", "ERROR"))],
         "seconds": round(time.perf_counter() - start, 1),

@@ -123,6 +123,9 @@ def test_tests_part_records_the_outcome_and_each_failure(tmp_path, monkeypatch):
     (failure,) = outcome["failures"]
     assert failure.startswith("FAILED") and "test_one_is_two" in failure
     assert outcome["command"].endswith(str(failing)) and "-n 0" in outcome["command"]
+    assert "assert 1 == 2" in failure  # the reason, not only the name
+    log = Path(outcome["log"])
+    assert log == tmp_path / "g_tests.log" and "def test_one_is_two" in log.read_text()
 
 
 def test_sizes_option_picks_training_sizes(tmp_path):
