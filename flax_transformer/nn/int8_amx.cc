@@ -11,13 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <mutex>
 
+#include "native_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -85,34 +82,6 @@ void column_pairs(const int8_t* x, const int8_t* w, int32_t* out, int64_t M, int
   _tile_release();
 }
 
-// One product's work, split into chunks of column pairs that the calling thread and the pool's
-// threads claim from a counter. The caller never waits for a task that has not started (XLA may
-// be running other thunks on every pool thread): it claims chunks itself until none are left,
-// then waits only for chunks being computed. The state is on the heap, shared with the tasks,
-// so a task that starts after the call returned finds nothing to claim and touches nothing else.
-struct Work {
-  const int8_t* x;
-  const int8_t* w;
-  int32_t* out;
-  int64_t M, K, N, pairs, chunk;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> busy{0};
-  std::mutex mu;
-  std::condition_variable done;
-
-  bool claim_one() {  // false when every chunk is claimed
-    busy.fetch_add(1);
-    const int64_t p0 = next.fetch_add(1) * chunk;
-    const bool claimed = p0 < pairs;
-    if (claimed) column_pairs(x, w, out, M, K, N, p0, std::min(pairs, p0 + chunk));
-    if (busy.fetch_sub(1) == 1) {
-      std::lock_guard<std::mutex> lock(mu);
-      done.notify_all();
-    }
-    return claimed;
-  }
-};
-
 }  // namespace
 
 // 0 when this process may use AMX tiles (Linux asks each process to request them once).
@@ -131,21 +100,12 @@ static ffi::Error Int8AmxProduct(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x,
   if (K % 64 || N % 32 || static_cast<int64_t>(w.element_count()) != K * N)
     return ffi::Error::InvalidArgument(
         "int8_amx_product: K must be a multiple of 64, N of 32, and w hold K * N values");
-  auto work = std::make_shared<Work>();
-  work->x = x.typed_data();
-  work->w = w.typed_data();
-  work->out = out->typed_data();
-  work->M = M;
-  work->K = K;
-  work->N = N;
-  work->pairs = N / 32;
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  work->chunk = std::max<int64_t>(1, work->pairs / (4 * threads));
-  for (int64_t i = 1; i < threads; ++i) pool.Schedule([work] { while (work->claim_one()) {} });
-  while (work->claim_one()) {
-  }
-  std::unique_lock<std::mutex> lock(work->mu);
-  work->done.wait(lock, [&] { return work->busy.load() == 0; });
+  const int8_t* xs = x.typed_data();
+  const int8_t* ws = w.typed_data();
+  int32_t* os = out->typed_data();
+  flax_transformer::run_on_pool(pool, N / 32, [=](int64_t p0, int64_t p1) {
+    column_pairs(xs, ws, os, M, K, N, p0, p1);
+  });
   return ffi::Error::Success();
 }
 

@@ -6,10 +6,8 @@ call: in a batch-8 beam-4 decode that packing took twice the time of the product
 that reads weights packed at load time (`pack`), called from jitted code as an XLA FFI custom
 call (`product`): int8 x int8 -> int32, exact, so it returns what the XLA dot returns.
 
-The kernel is compiled from source the first time a process needs it (g++, a few seconds),
-into a cache keyed by the source, the compiler flags and jaxlib's version
-($FLAX_TRANSFORMER_CACHE, else $XDG_CACHE_HOME/flax_transformer, else ~/.cache/flax_transformer),
-then loaded with ctypes and registered with jax.ffi.
+The kernel is compiled from source the first time a process needs it and cached
+(nn.native_build).
 
 Which path runs (`reason_unavailable`, read when a model is quantised): the environment variable
 FLAX_TRANSFORMER_INT8_KERNEL = `auto` (the default: AMX where it works, XLA's dot elsewhere),
@@ -20,24 +18,19 @@ kernel's permission for the process, and a C++ compiler.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.nn.native_build import HERE, build_and_register, cpu_flags
+
 SWITCH = "FLAX_TRANSFORMER_INT8_KERNEL"
 CHOICES = ("auto", "xla", "amx")
-SOURCE = Path(__file__).with_name("int8_amx.cc")
+SOURCE = HERE / "int8_amx.cc"
 FLAGS = ("-O3", "-std=c++17", "-mamx-tile", "-mamx-int8", "-fPIC", "-shared", "-w")
 TARGET = "flax_transformer_int8_amx_product"
 K_MULTIPLE, N_MULTIPLE = 64, 32  # the kernel's tile sizes: K in 64-byte steps, N in 32 columns
@@ -49,20 +42,6 @@ def choice() -> str:
     if value not in CHOICES:
         raise ValueError(f"{SWITCH}={value!r}: expected one of {', '.join(CHOICES)}")
     return value
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The first processor's flags in /proc/cpuinfo (empty where there is none)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
 
 
 def reason_unavailable() -> str | None:
@@ -92,51 +71,13 @@ def supports(k: int) -> bool:
     return k % K_MULTIPLE == 0
 
 
-def cache_dir() -> Path:
-    """Where built kernels are kept: $FLAX_TRANSFORMER_CACHE, else $XDG_CACHE_HOME or ~/.cache,
-    /flax_transformer."""
-    if os.environ.get("FLAX_TRANSFORMER_CACHE"):
-        return Path(os.environ["FLAX_TRANSFORMER_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flax_transformer"
-
-
 @functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str | None]:
+def _load():
     """(the loaded, registered library, None) or (None, why not)."""
-    try:
-        return _build_and_register()
-    except OSError as err:  # an unwritable cache, a library that will not load
-        return None, f"the AMX kernel could not be built or loaded: {err}"
-
-
-def _build_and_register() -> tuple[ctypes.CDLL | None, str | None]:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        return None, "no C++ compiler (g++) to build the kernel"
-    include = Path(jax.ffi.include_dir())
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(FLAGS).encode() + jax.__version__.encode()
-    ).hexdigest()[:16]
-    library = cache_dir() / f"int8_amx-{key}.so"
-    if not library.exists():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        # Built beside its final name, then renamed: processes building at once never load a
-        # half-written file.
-        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-            built = Path(tmp) / library.name
-            command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", str(built)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-                return None, f"building {SOURCE.name} with {compiler} failed: {last}"
-            os.replace(built, library)
-    lib = ctypes.cdll.LoadLibrary(str(library))
-    if lib.int8_amx_request_permission() != 0:
+    lib, why = build_and_register(SOURCE, FLAGS, {TARGET: "int8_amx_product"})
+    if lib is not None and lib.int8_amx_request_permission() != 0:
         return None, "the operating system refused this process the AMX tile state"
-    with contextlib.suppress(ValueError):  # registered already (a second import path)
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.int8_amx_product), "cpu")
-    return lib, None
+    return lib, why
 
 
 def pack(values: np.ndarray) -> np.ndarray:
