@@ -40,6 +40,8 @@ from flax_transformer.hf.beam_selector import HFBeam
 from flax_transformer.hf.generation_options import Options, resolve
 from flax_transformer.hf.generation_processors import HFProcessors, plan_and_knobs, sampling_rule
 from flax_transformer.hf.generation_rows import Rows
+from flax_transformer.nn.f32_packed import use_packed
+from flax_transformer.nn.f32_products import pack_for_products, packed_products_model
 from flax_transformer.nn.token_ids import check_token_ids
 
 
@@ -149,7 +151,8 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if rng is None:
         rng = jax.random.key(0 if seed is None else int(seed))
     rows = jax.tree.map(jnp.asarray, rows)
-    seq, lengths = _run(model, _on_device(hf_model), rows, source, knobs, rng, search)
+    model, variables = _for_generation(hf_model)
+    seq, lengths = _run(model, variables, rows, source, knobs, rng, search)
     seq, lengths = np.asarray(seq), np.asarray(lengths)
     if opts.num_beams > 1:
         nrs = opts.num_return_sequences
@@ -157,20 +160,28 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     return seq[:, : opts.prompt_len + int(lengths.max())].astype(np.int64)
 
 
-# HFModel -> (the identity of its weight arrays, the weights on the device). Numpy weights (as
-# hf.load gives them) would otherwise be copied to the device by every call: ~300 MB for
-# opus-mt. A replaced array (or variables dict) is noticed and copied again.
+# HFModel -> (the identity of its weight arrays, the model and weights the search runs, the
+# arrays). Numpy weights (as hf.load gives them) would otherwise be copied to the device (and
+# packed) by every call: ~300 MB for opus-mt. A replaced array (or variables dict) is noticed
+# and the weights are copied again.
 _DEVICE_VARIABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _on_device(hf_model):
+def _for_generation(hf_model):
+    """(model, variables on the device) for the search. A float32 Transformer / TransformerLM
+    computes its products in nn.f32_packed where that runs (FLAX_TRANSFORMER_F32_KERNEL, read
+    when the model first generates): its twin from nn.f32_products, on weights packed once."""
     leaves = jax.tree.leaves(hf_model.variables)
     identity = tuple(map(id, leaves))
     cached = _DEVICE_VARIABLES.get(hf_model)
     if cached is None or cached[0] != identity:
-        cached = (identity, jax.device_put(hf_model.variables), leaves)  # leaves: keep ids alive
+        model, variables = hf_model.module, hf_model.variables
+        twin = packed_products_model(model) if hf_model.config.dtype == "float32" else None
+        if twin is not None and hf_model.config.param_dtype == "float32" and use_packed():
+            model, variables = twin, pack_for_products(variables)
+        cached = (identity, model, jax.device_put(variables), leaves)  # leaves: keep ids alive
         _DEVICE_VARIABLES[hf_model] = cached
-    return cached[1]
+    return cached[1], cached[2]
 
 
 def _token_array(value, name: str) -> np.ndarray:

@@ -16,7 +16,6 @@ from flax_transformer.nn.attention import combine_masks, make_causal_mask, make_
 from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.nn.encoder_heads import EncoderHead, Pooler, skip_padding_positions
-from flax_transformer.nn.int8 import Int8Matrix
 from flax_transformer.nn.layers import (
     Dense,
     LogitsBias,
@@ -231,7 +230,9 @@ class _EmbeddingsMixin:
         if self.config.scale_decoder_output:
             x = x * jnp.asarray(self.config.d_model**-0.5, x.dtype)
         one_row = decode and x.shape[0] * x.shape[1] == 1
-        if self.config.tie_output and one_row and not isinstance(embed.embedding, Int8Matrix):
+        # A table held as int8 or packed (nn.int8_products, nn.f32_products) goes through attend.
+        plain = isinstance(embed.embedding, (np.ndarray, jax.Array))
+        if self.config.tie_output and one_row and plain:
             logits = _tied_logits_one_row(embed, x)
         elif self.config.tie_output:
             logits = embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
