@@ -323,6 +323,8 @@ def run(args, argv: list[str]) -> dict:
         "ctranslate2_skipped": ct2_missing,
         # which int8 product ran: nn.int8_amx's kernel, or XLA's dot and why
         "int8_kernel": (_int8_kernel() if args.quantize else None),
+        # which float32 product generation ran: nn.f32_packed's kernel, or XLA's dot and why
+        "f32_kernel": _f32_kernel(),
         "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
@@ -347,6 +349,13 @@ def _int8_kernel() -> str:
 
     why = int8_amx.reason_unavailable()
     return "amx" if why is None else f"xla ({why})"
+
+
+def _f32_kernel() -> str:
+    from flax_transformer.nn import f32_packed
+
+    why = f32_packed.reason_unavailable()
+    return "avx512 (packed weights)" if why is None else f"xla ({why})"
 
 
 def format_table(result: dict) -> str:
@@ -381,6 +390,8 @@ def format_table(result: dict) -> str:
         lines += _int8_table(result["cells"], ct2)
         if machine.get("int8_kernel"):
             lines.append(f"int8 products: {machine['int8_kernel']}")
+    if machine.get("f32_kernel"):
+        lines.append(f"float32 products: {machine['f32_kernel']}")
     if machine.get("ctranslate2_skipped"):
         lines.append(machine["ctranslate2_skipped"])
     return "\n".join(lines)

@@ -15,8 +15,10 @@ import pytest
 from flax_transformer.nn import f32_packed, native_build
 from flax_transformer.nn.f32_products import PackedF32Matrix, pack_for_products
 
-WHY_NOT = f32_packed.reason_unavailable() if f32_packed.choice() != "xla" else "switch set to xla"
-needs_kernel = pytest.mark.skipif(WHY_NOT is not None, reason=f"kernel unavailable: {WHY_NOT}")
+BUILD, WHY_NOT = f32_packed.variant() if f32_packed.choice() != "xla" else (None, "switch: xla")
+needs_kernel = pytest.mark.skipif(BUILD is None, reason=f"kernel unavailable: {WHY_NOT}")
+BOTH = all(f32_packed._why_not(build) is None for build in f32_packed.BUILDS)
+needs_both = pytest.mark.skipif(not BOTH, reason="the AVX-512 and AVX2 builds do not both run")
 
 
 def _relative_error(got, want) -> float:
@@ -44,24 +46,31 @@ def test_switch_values(monkeypatch):
     assert not f32_packed.use_packed()
 
 
-def test_cpu_without_avx512_falls_back_or_says_why(monkeypatch):
-    monkeypatch.setattr(f32_packed, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+def test_cpu_without_avx512_or_avx2_falls_back_or_says_why(monkeypatch):
+    monkeypatch.setattr(f32_packed, "cpu_flags", lambda cpuinfo=None: {"sse4_2"})
     monkeypatch.setattr(f32_packed, "unsupported_platform", lambda: None)
     monkeypatch.setenv(f32_packed.SWITCH, "auto")
-    assert f32_packed.reason_unavailable() == "this CPU lacks avx512f"
+    why = "avx512: this CPU lacks avx512f; avx2: this CPU lacks avx2 and fma"
+    assert f32_packed.reason_unavailable() == why
     assert not f32_packed.use_packed()
     monkeypatch.setenv(f32_packed.SWITCH, "avx512")
     with pytest.raises(ValueError, match="cannot run here: this CPU lacks avx512f"):
         f32_packed.use_packed()
 
 
+@pytest.mark.skipif(f32_packed._why_not("avx2") is not None, reason="the AVX2 build does not run")
+def test_auto_takes_avx2_without_avx512(monkeypatch):
+    monkeypatch.setattr(f32_packed, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+    monkeypatch.setenv(f32_packed.SWITCH, "auto")
+    assert f32_packed.variant() == ("avx2", None)
+
+
 def test_other_platforms_say_why(monkeypatch):
     monkeypatch.setattr(native_build.platform, "system", lambda: "Darwin")
     monkeypatch.setattr(native_build.platform, "machine", lambda: "arm64")
     monkeypatch.setenv(f32_packed.SWITCH, "auto")
-    assert (
-        f32_packed.reason_unavailable() == "the kernels need Linux on x86-64, this is Darwin arm64"
-    )
+    why = "the kernels need Linux on x86-64, this is Darwin arm64"
+    assert f32_packed.reason_unavailable() == f"avx512: {why}; avx2: {why}"
 
 
 def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
@@ -69,7 +78,7 @@ def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     f32_packed._load.cache_clear()
     try:
-        library, why = f32_packed._load()
+        library, why = f32_packed._load("avx2")
         assert library is None and why.startswith("building f32_packed.cc with false failed")
         assert not list(tmp_path.glob("*.so"))  # nothing half-written left
     finally:
@@ -148,6 +157,19 @@ def test_concurrent_products_same_as_alone_and_in_a_loop():
     assert _relative_error(looped, x) < 1e-4  # five float32 layers deep
 
 
+@needs_both
+def test_both_builds_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    for m, k, n in [(1, 512, 1000), (7, 64, 96), (32, 2048, 512)]:
+        x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
+        packed = jnp.asarray(f32_packed.pack(rng.standard_normal((k, n), dtype=np.float32)))
+        wide, narrow = (
+            jax.jit(f32_packed.product, static_argnums=(2, 3))(x, packed, n, build)
+            for build in ("avx512", "avx2")
+        )
+        np.testing.assert_array_equal(wide, narrow)
+
+
 def _generate_both_ways(monkeypatch, path, ids, mask, **options):
     """{kernel: tokens} of hf.load(path).generate(...) under each switch value, and the model
     each generation ran (hf.generation caches the packed weights per HFModel)."""
@@ -155,7 +177,7 @@ def _generate_both_ways(monkeypatch, path, ids, mask, **options):
     from flax_transformer.hf import generation
 
     tokens, models = {}, {}
-    for kernel in ("avx512", "xla"):
+    for kernel in (BUILD, "xla"):
         monkeypatch.setenv(f32_packed.SWITCH, kernel)
         model = hf.load(path)
         tokens[kernel] = np.asarray(model.generate(ids, mask, **options))
@@ -189,13 +211,13 @@ def test_generation_on_packed_weights_is_token_identical(tmp_path, monkeypatch, 
     for rows in (slice(0, 1), slice(None)):  # batch 1 (the one-row table product), batch 3
         options = dict(num_beams=3, max_new_tokens=10)
         tokens, models = _generate_both_ways(monkeypatch, path, ids[rows], mask[rows], **options)
-        np.testing.assert_array_equal(tokens["avx512"], tokens["xla"])
+        np.testing.assert_array_equal(tokens[BUILD], tokens["xla"])
         with torch.no_grad():
             want = torch_model.generate(
                 torch.from_numpy(ids[rows]), attention_mask=torch.from_numpy(mask[rows]), **options
             ).numpy()
-        np.testing.assert_array_equal(tokens["avx512"], want)
-    (module, variables), (plain, _) = models["avx512"], models["xla"]
+        np.testing.assert_array_equal(tokens[BUILD], want)
+    (module, variables), (plain, _) = models[BUILD], models["xla"]
     assert type(module).__name__.startswith("PackedProducts")
     assert not type(plain).__name__.startswith("PackedProducts")
     leaves = jax.tree.leaves(variables, is_leaf=_packed)

@@ -9,11 +9,12 @@ code as an XLA FFI custom call (`product`). Each output is one chain of multiply
 input features in order: the same rounding whatever the threads, a different rounding from
 XLA's dot (float32 products differ at ~1e-7 relative, as any two GEMMs do).
 
-Which path runs (`reason_unavailable`, read when a model is packed): the environment variable
-FLAX_TRANSFORMER_F32_KERNEL = `auto` (the default: the kernel where it runs, XLA's dot
-elsewhere), `xla` (always XLA's dot) or `avx512` (the kernel, an error saying why where it
-cannot run). It needs Linux on x86-64, a CPU with avx512f, and a C++ compiler (the kernel is
-built on first use and cached: nn.native_build).
+Which path runs (`variant`, read when a model is packed): the environment variable
+FLAX_TRANSFORMER_F32_KERNEL = `auto` (the default: the kernel built for AVX-512 where the CPU
+has it, else the one built for AVX2 + FMA, else XLA's dot), `xla` (always XLA's dot), `avx512`
+or `avx2` (that build, an error saying why where it cannot run). Both builds give the same
+bits. They need Linux on x86-64 and a C++ compiler (each is built on first use and cached:
+nn.native_build).
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ from flax_transformer.nn.native_build import (
 )
 
 SWITCH = "FLAX_TRANSFORMER_F32_KERNEL"
-CHOICES = ("auto", "xla", "avx512")
 SOURCE = HERE / "f32_packed.cc"
-FLAGS = ("-O3", "-std=c++17", "-mavx512f", "-mfma", "-fPIC", "-shared", "-w")
-TARGET = "flax_transformer_f32_packed_product"
+COMMON_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-w")
+# build -> (the CPU flags it needs, its compiler flags); preferred first
+BUILDS = {
+    "avx512": (("avx512f",), ("-mavx512f", "-mfma")),
+    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma", "-DF32_PACKED_AVX2")),
+}
+CHOICES = ("auto", "xla", *BUILDS)
 N_MULTIPLE = 32  # the kernel computes 32 columns (two panels) at a time
 
 
@@ -48,32 +53,54 @@ def choice() -> str:
     return value
 
 
-def reason_unavailable() -> str | None:
-    """None when the kernel will run here, else one line saying why not. Builds and loads it
-    on the first call that gets that far (cached)."""
-    if choice() == "xla":
-        return f"{SWITCH}=xla"
+def target(build: str) -> str:
+    """The FFI target name of a build."""
+    return f"flax_transformer_f32_packed_product_{build}"
+
+
+def _why_not(build: str) -> str | None:
+    """None when `build` runs here, else why not (builds and loads it, once)."""
     why = unsupported_platform()
     if why is not None:
         return why
-    if "avx512f" not in cpu_flags():
-        return "this CPU lacks avx512f"
-    return _load()[1]
+    missing = set(BUILDS[build][0]) - cpu_flags()
+    if missing:
+        return f"this CPU lacks {' and '.join(sorted(missing))}"
+    return _load(build)[1]
+
+
+def variant() -> tuple[str | None, str | None]:
+    """(the build that runs, None) or (None, why XLA's dot runs); ValueError when the switch
+    names a build that cannot run here."""
+    wanted = choice()
+    if wanted == "xla":
+        return None, f"{SWITCH}=xla"
+    reasons = []
+    for build in BUILDS if wanted == "auto" else (wanted,):
+        why = _why_not(build)
+        if why is None:
+            return build, None
+        reasons.append(f"{build}: {why}")
+    if wanted != "auto":
+        raise ValueError(f"{SWITCH}={wanted}, but that float32 kernel cannot run here: {why}")
+    return None, "; ".join(reasons)
+
+
+def reason_unavailable() -> str | None:
+    """None when a build of the kernel runs here (and the switch allows it), else why not."""
+    return variant()[1]
 
 
 def use_packed() -> bool:
-    """Whether float32 products should run in the kernel: per the switch, and where it runs;
-    ValueError when the switch says `avx512` and it cannot."""
-    why = reason_unavailable()
-    if why is not None and choice() == "avx512":
-        raise ValueError(f"{SWITCH}=avx512, but the float32 kernel cannot run here: {why}")
-    return why is None
+    """Whether float32 products should run in the kernel (see `variant`)."""
+    return variant()[0] is not None
 
 
 @functools.cache
-def _load():
-    """(the loaded, registered library, None) or (None, why not)."""
-    return build_and_register(SOURCE, FLAGS, {TARGET: "f32_packed_product"})
+def _load(build: str):
+    """(the loaded, registered library of `build`, None) or (None, why not)."""
+    flags = COMMON_FLAGS + BUILDS[build][1]
+    return build_and_register(SOURCE, flags, {target(build): "f32_packed_product"})
 
 
 def pack(values: np.ndarray) -> np.ndarray:
@@ -85,13 +112,18 @@ def pack(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, -1, 16).transpose(1, 0, 2))
 
 
-def product(x: jax.Array, packed: jax.Array, n: int) -> jax.Array:
-    """x float32 (M, K) times the packed (K, n) weights -> float32 (M, n)."""
+def product(x: jax.Array, packed: jax.Array, n: int, build: str | None = None) -> jax.Array:
+    """x float32 (M, K) times the packed (K, n) weights -> float32 (M, n), in `build` (default:
+    the one `variant` picks)."""
     if x.shape[1] != packed.shape[1]:
         raise ValueError(
             f"f32_packed.product: x has {x.shape[1]} features, the weights {packed.shape[1]}"
         )
+    if build is None:
+        build, why = variant()
+        if build is None:
+            raise ValueError(f"f32_packed.product: no build of the kernel runs here ({why})")
     columns = packed.shape[0] * 16
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32))
-    out = call(x.astype(jnp.float32), packed)
+    out_shape = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)
+    out = jax.ffi.ffi_call(target(build), out_shape)(x.astype(jnp.float32), packed)
     return out if columns == n else out[:, :n]

@@ -2,7 +2,8 @@
 6 (2048, 512) and the (512, 58101) output table), XLA's dot against nn.f32_packed's kernel on
 weights packed once, each chain 20 times inside one jitted loop, alternated, best of 3 rounds.
 
-    .venv/bin/python bench/results/f32_packed/chain.py [--rows 1,4,32]
+    FLAX_TRANSFORMER_F32_KERNEL=avx512 .venv/bin/python bench/results/f32_packed/chain.py
+    (avx2 for the AVX2 build; --rows 1,4,32 by default)
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,4,32")
     args = parser.parse_args()
-    print(f"f32_packed: {f32_packed.reason_unavailable() or 'runs'}")
+    build, why = f32_packed.variant()
+    print(f"f32_packed build: {build or 'none (' + why + ')'}")
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(s, dtype=np.float32) * 0.05 for s in SHAPES]
     plain = [jnp.asarray(w) for w in weights]
     packed = [jnp.asarray(f32_packed.pack(w)) for w in weights]
     xla = chain(lambda rows, w, n: rows @ w)
-    kernel = chain(f32_packed.product)
+    kernel = chain(f32_packed.product)  # the build `variant` picks (FLAX_TRANSFORMER_F32_KERNEL)
     for m in map(int, args.rows.split(",")):
         x = jnp.asarray(rng.standard_normal((m, 512), dtype=np.float32))
         xla(x, plain).block_until_ready(), kernel(x, packed).block_until_ready()  # compile
