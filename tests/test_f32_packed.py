@@ -94,6 +94,8 @@ def test_pack_for_products_packs_float32_matrices_only():
             "dense": {"kernel": kernel, "bias": np.zeros(6, np.float32)},
             "embed": {"embedding": table},
             "wide": {"kernel": np.zeros((8, 6), np.float64)},  # not float32: as it is
+            # T5's relative position bias: an `embedding` param, but no nn.Embed's
+            "encoder": {"relative_bias": {"embedding": np.ones((32, 4), np.float32)}},
         },
         "other": {"kernel": kernel},  # other collections: as they are
     }
@@ -105,6 +107,8 @@ def test_pack_for_products_packs_float32_matrices_only():
     np.testing.assert_array_equal(embed.packed, f32_packed.pack(table.T))
     assert packed["params"]["dense"]["bias"] is variables["params"]["dense"]["bias"]
     assert packed["params"]["wide"]["kernel"].dtype == np.float64
+    bias = packed["params"]["encoder"]["relative_bias"]["embedding"]
+    assert bias is variables["params"]["encoder"]["relative_bias"]["embedding"]
     assert packed["other"] is variables["other"]
 
 
@@ -116,7 +120,7 @@ def test_product_matches_xla_dot_at_float32_precision(k, n):
     w = rng.standard_normal((k, n), dtype=np.float32)
     packed = jnp.asarray(f32_packed.pack(w))
     product = jax.jit(f32_packed.product, static_argnums=2)
-    for m in (1, 2, 3, 4, 5, 6, 7, 13, 32):
+    for m in (1, 2, 3, 4, 5, 6, 7, 13, 32, 64, 65, 200):  # > MAX_ROWS: XLA on the packed layout
         x = rng.standard_normal((m, k), dtype=np.float32)
         got = product(jnp.asarray(x), packed, n)
         assert got.shape == (m, n)

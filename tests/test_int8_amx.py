@@ -154,3 +154,12 @@ def test_int8_marian_same_logits_and_tokens_as_xla_dot(tmp_path, monkeypatch):
 
 def _is_int8(x) -> bool:
     return isinstance(x, Int8Matrix)
+
+
+def test_relative_position_bias_stays_float():
+    """T5's relative position bias is an `embedding` param read by jnp.take in its own module,
+    not an nn.Embed the int8 interceptor serves: quantised, jnp.take would get an Int8Matrix."""
+    table = np.ones((32, 4), np.float32)
+    variables = {"params": {"encoder": {"relative_bias": {"embedding": table}}}}
+    quantized = quantize_for_products(variables)["params"]
+    assert quantized["encoder"]["relative_bias"]["embedding"] is table

@@ -11,7 +11,7 @@ from flax import linen as nn
 
 from flax_transformer.nn.attention import MultiHeadAttention
 from flax_transformer.nn.dropout import Dropout
-from flax_transformer.nn.layers import FeedForward, RelativePositionBias, layer_norm
+from flax_transformer.nn.layers import RELATIVE_BIAS, FeedForward, RelativePositionBias, layer_norm
 from flax_transformer.spec.config import TransformerConfig
 
 
@@ -20,7 +20,7 @@ def self_attention_bias(module: nn.Module, relative, bias, bidirectional: bool):
     positions) when config.relative_attention_per_layer, else the stack's `bias` (or None)."""
     cfg = module.config
     if cfg.relative_attention_per_layer and relative is not None:
-        return RelativePositionBias(cfg, bidirectional, name="relative_bias")(relative)
+        return RelativePositionBias(cfg, bidirectional, name=RELATIVE_BIAS)(relative)
     return bias
 
 

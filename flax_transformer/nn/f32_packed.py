@@ -43,6 +43,10 @@ BUILDS = {
 }
 CHOICES = ("auto", "xla", *BUILDS)
 N_MULTIPLE = 32  # the kernel computes 32 columns (two panels) at a time
+# Up to this many rows a product runs in the kernel. It keeps no block of the rows in cache
+# while it streams the panels, so many rows (an encoder over a long batch, a long prompt) are
+# read again for every panel: those products run as XLA's dot on the packed layout instead.
+MAX_ROWS = 64
 
 
 def choice() -> str:
@@ -114,16 +118,19 @@ def pack(values: np.ndarray) -> np.ndarray:
 
 def product(x: jax.Array, packed: jax.Array, n: int, build: str | None = None) -> jax.Array:
     """x float32 (M, K) times the packed (K, n) weights -> float32 (M, n), in `build` (default:
-    the one `variant` picks)."""
+    the one `variant` picks); more than MAX_ROWS rows in XLA's dot."""
     if x.shape[1] != packed.shape[1]:
         raise ValueError(
             f"f32_packed.product: x has {x.shape[1]} features, the weights {packed.shape[1]}"
         )
+    columns = packed.shape[0] * 16
+    if x.shape[0] > MAX_ROWS:  # (M, K) x (N' / 16, K, 16) -> (M, N' / 16, 16) -> (M, N')
+        out = jnp.einsum("mk,pkj->mpj", x.astype(jnp.float32), packed).reshape(-1, columns)
+        return out if columns == n else out[:, :n]
     if build is None:
         build, why = variant()
         if build is None:
             raise ValueError(f"f32_packed.product: no build of the kernel runs here ({why})")
-    columns = packed.shape[0] * 16
     out_shape = jax.ShapeDtypeStruct((x.shape[0], columns), jnp.float32)
     out = jax.ffi.ffi_call(target(build), out_shape)(x.astype(jnp.float32), packed)
     return out if columns == n else out[:, :n]

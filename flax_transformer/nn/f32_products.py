@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from flax_transformer.nn import f32_packed
-from flax_transformer.nn.layers import Dense
+from flax_transformer.nn.layers import RELATIVE_BIAS, Dense
 from flax_transformer.nn.model import Transformer, TransformerLM
 
 
@@ -66,13 +66,15 @@ def packed_interceptor(next_fun, args, kwargs, context):
 
 
 def pack_for_products(variables: dict) -> dict:
-    """{"params": tree} with every float32 Dense kernel and embedding table a PackedF32Matrix;
-    other leaves (the learned position tables among them) and collections as they were. The
+    """{"params": tree} with every float32 Dense kernel and nn.Embed table a PackedF32Matrix;
+    other leaves (a relative position bias's table among them) and collections as they were. The
     packed copies replace the kernels; the tables are kept as well, for their lookups."""
 
     def leaf(path, value):
         name = getattr(path[-1], "key", None)
         if not (np.ndim(value) == 2 and name in ("kernel", "embedding")):
+            return value
+        if any(getattr(k, "key", None) == RELATIVE_BIAS for k in path):  # not an nn.Embed
             return value
         if value.dtype != np.float32:
             return value

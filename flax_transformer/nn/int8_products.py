@@ -28,7 +28,7 @@ from flax import struct
 
 from flax_transformer.nn import int8_amx
 from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
-from flax_transformer.nn.layers import Dense
+from flax_transformer.nn.layers import RELATIVE_BIAS, Dense
 from flax_transformer.nn.model import Transformer, TransformerLM
 
 # Products of fewer rows are padded with zero rows to this many. 2 or 4: bench/NOTES.md
@@ -100,9 +100,9 @@ def int8_interceptor(next_fun, args, kwargs, context):
 
 
 def quantize_for_products(variables: dict) -> dict:
-    """{"params": tree} with every Dense kernel (one scale per column) and embedding table (one
-    scale per row) an Int8Matrix (nn.int8.quantize_matrix); other leaves and collections, the
-    learned position tables included, as they were. Where nn.int8_amx runs (its switch, the
+    """{"params": tree} with every Dense kernel (one scale per column) and nn.Embed table (one
+    scale per row) an Int8Matrix (nn.int8.quantize_matrix); other leaves (a relative position
+    bias's table among them) and collections as they were. Where nn.int8_amx runs (its switch, the
     CPU), the matrices whose input size suits its tiles are AmxInt8Matrix, packed for it."""
     axes = {"kernel": 0, "embedding": 1}  # the axis reduced: the scale runs along the other
     amx = int8_amx.use_amx()
@@ -110,6 +110,8 @@ def quantize_for_products(variables: dict) -> dict:
     def leaf(path, value):
         name = getattr(path[-1], "key", None)
         if not (np.ndim(value) == 2 and name in axes):
+            return value
+        if any(getattr(k, "key", None) == RELATIVE_BIAS for k in path):  # not an nn.Embed
             return value
         matrix = quantize_matrix(value, reduce_axis=axes[name])
         if not amx:

@@ -250,6 +250,11 @@ class PositionalEncoding(nn.Module):
         return x + vectors.astype(x.dtype)[None]
 
 
+# The name of every RelativePositionBias module: its `embedding` param is a table but not an
+# nn.Embed's (int8 / packed products leave it as it is).
+RELATIVE_BIAS = "relative_bias"
+
+
 class RelativePositionBias(nn.Module):
     """The relative position bias (config.relative_attention_buckets): relative positions
     (batch | 1, q_len, k_len), key minus query -> a bias (batch | 1, heads, q_len, k_len) on the

@@ -17,6 +17,7 @@ from flax_transformer.nn.blocks import DecoderBlock, EncoderBlock
 from flax_transformer.nn.dropout import Dropout
 from flax_transformer.nn.encoder_heads import EncoderHead, Pooler, skip_padding_positions
 from flax_transformer.nn.layers import (
+    RELATIVE_BIAS,
     Dense,
     LogitsBias,
     PositionalEncoding,
@@ -99,7 +100,7 @@ def stack_bias(module: nn.Module, relative, bidirectional: bool):
     cfg = module.config
     if relative is None or cfg.relative_attention_per_layer:
         return None
-    return RelativePositionBias(cfg, bidirectional, name="relative_bias")(relative)
+    return RelativePositionBias(cfg, bidirectional, name=RELATIVE_BIAS)(relative)
 
 
 class Encoder(nn.Module):
