@@ -120,7 +120,7 @@ def test_product_matches_xla_dot_at_float32_precision(k, n):
     w = rng.standard_normal((k, n), dtype=np.float32)
     packed = jnp.asarray(f32_packed.pack(w))
     product = jax.jit(f32_packed.product, static_argnums=2)
-    for m in (1, 2, 3, 4, 5, 6, 7, 13, 32, 64, 65, 200):  # > MAX_ROWS: XLA on the packed layout
+    for m in (1, 2, 3, 4, 5, 6, 7, 13, 32, 513):  # 513 x 2048: XLA on the packed layout
         x = rng.standard_normal((m, k), dtype=np.float32)
         got = product(jnp.asarray(x), packed, n)
         assert got.shape == (m, n)

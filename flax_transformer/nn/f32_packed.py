@@ -43,10 +43,11 @@ BUILDS = {
 }
 CHOICES = ("auto", "xla", *BUILDS)
 N_MULTIPLE = 32  # the kernel computes 32 columns (two panels) at a time
-# Up to this many rows a product runs in the kernel. It keeps no block of the rows in cache
-# while it streams the panels, so many rows (an encoder over a long batch, a long prompt) are
-# read again for every panel: those products run as XLA's dot on the packed layout instead.
-MAX_ROWS = 64
+# The kernel reads all the rows again for every pair of panels: it pays while they stay in
+# cache. Measured (bench/results/f32_packed/rows.py): faster than XLA's dot up to the largest
+# tried, 512 rows of 2048 features (4 MiB, 1.43x) and 512 of 512 (1.2-1.5x). Rows of more
+# bytes (an encoder over a long batch, a long prompt) run as XLA's dot on the packed layout.
+MAX_ROW_BYTES = 4 << 20
 
 
 def choice() -> str:
@@ -118,13 +119,13 @@ def pack(values: np.ndarray) -> np.ndarray:
 
 def product(x: jax.Array, packed: jax.Array, n: int, build: str | None = None) -> jax.Array:
     """x float32 (M, K) times the packed (K, n) weights -> float32 (M, n), in `build` (default:
-    the one `variant` picks); more than MAX_ROWS rows in XLA's dot."""
+    the one `variant` picks); rows of more than MAX_ROW_BYTES in XLA's dot."""
     if x.shape[1] != packed.shape[1]:
         raise ValueError(
             f"f32_packed.product: x has {x.shape[1]} features, the weights {packed.shape[1]}"
         )
     columns = packed.shape[0] * 16
-    if x.shape[0] > MAX_ROWS:  # (M, K) x (N' / 16, K, 16) -> (M, N' / 16, 16) -> (M, N')
+    if x.shape[0] * x.shape[1] * 4 > MAX_ROW_BYTES:  # (M, K) x (N'/16, K, 16) -> (M, N')
         out = jnp.einsum("mk,pkj->mpj", x.astype(jnp.float32), packed).reshape(-1, columns)
         return out if columns == n else out[:, :n]
     if build is None:
