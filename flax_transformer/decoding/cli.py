@@ -347,14 +347,10 @@ def main(argv: list[str] | None = None) -> int:
 
         generator.model = int8_products_model(run.model)
         run.params = quantize_for_products(run.params)
-    elif not args.int8 and run.config.dtype == run.config.param_dtype == "float32":
-        # float32 products on weights packed once, where nn.f32_packed runs (its switch)
-        from flax_transformer.nn.f32_packed import use_packed
-        from flax_transformer.nn.f32_products import pack_for_products, packed_products_model
+    elif not args.int8:  # float32 products on weights packed once, where nn.f32_packed runs
+        from flax_transformer.nn.f32_products import for_generation
 
-        twin = packed_products_model(run.model)
-        if twin is not None and use_packed():
-            generator.model, run.params = twin, pack_for_products(run.params)
+        generator.model, run.params = for_generation(run.model, run.params, run.config)
     problem = check_flags_against_model(args, run.config)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -40,8 +40,7 @@ from flax_transformer.hf.beam_selector import HFBeam
 from flax_transformer.hf.generation_options import Options, resolve
 from flax_transformer.hf.generation_processors import HFProcessors, plan_and_knobs, sampling_rule
 from flax_transformer.hf.generation_rows import Rows
-from flax_transformer.nn.f32_packed import use_packed
-from flax_transformer.nn.f32_products import pack_for_products, packed_products_model
+from flax_transformer.nn.f32_products import for_generation
 from flax_transformer.nn.token_ids import check_token_ids
 
 
@@ -175,10 +174,7 @@ def _for_generation(hf_model):
     identity = tuple(map(id, leaves))
     cached = _DEVICE_VARIABLES.get(hf_model)
     if cached is None or cached[0] != identity:
-        model, variables = hf_model.module, hf_model.variables
-        twin = packed_products_model(model) if hf_model.config.dtype == "float32" else None
-        if twin is not None and hf_model.config.param_dtype == "float32" and use_packed():
-            model, variables = twin, pack_for_products(variables)
+        model, variables = for_generation(hf_model.module, hf_model.variables, hf_model.config)
         cached = (identity, model, jax.device_put(variables), leaves)  # leaves: keep ids alive
         _DEVICE_VARIABLES[hf_model] = cached
     return cached[1], cached[2]

@@ -20,7 +20,6 @@ nn.native_build).
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +29,7 @@ from flax_transformer.nn.native_build import (
     HERE,
     build_and_register,
     cpu_flags,
+    switch_value,
     unsupported_platform,
 )
 
@@ -52,10 +52,7 @@ MAX_ROW_BYTES = 4 << 20
 
 def choice() -> str:
     """The switch's value; ValueError naming the variable for anything else."""
-    value = os.environ.get(SWITCH, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{SWITCH}={value!r}: expected one of {', '.join(CHOICES)}")
-    return value
+    return switch_value(SWITCH, CHOICES)
 
 
 def target(build: str) -> str:

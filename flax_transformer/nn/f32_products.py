@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from flax_transformer.nn import f32_packed
-from flax_transformer.nn.layers import RELATIVE_BIAS, Dense
+from flax_transformer.nn.layers import Dense, product_matrix
 from flax_transformer.nn.model import Transformer, TransformerLM
 
 
@@ -71,12 +71,8 @@ def pack_for_products(variables: dict) -> dict:
     packed copies replace the kernels; the tables are kept as well, for their lookups."""
 
     def leaf(path, value):
-        name = getattr(path[-1], "key", None)
-        if not (np.ndim(value) == 2 and name in ("kernel", "embedding")):
-            return value
-        if any(getattr(k, "key", None) == RELATIVE_BIAS for k in path):  # not an nn.Embed
-            return value
-        if value.dtype != np.float32:
+        name = product_matrix(path, value)
+        if name is None or value.dtype != np.float32:
             return value
         if name == "kernel":  # (in, out) already
             return PackedF32Matrix(None, f32_packed.pack(np.asarray(value)))
@@ -110,3 +106,14 @@ def packed_products_model(model):
     if type(model) is TransformerLM:
         return PackedProductsTransformerLM(model.config)
     return None
+
+
+def for_generation(model, variables: dict, config) -> tuple:
+    """(model, variables) a float32 Transformer / TransformerLM generates with: its packed twin
+    and packed variables where nn.f32_packed runs (its switch, the CPU), else as given."""
+    twin = packed_products_model(model)
+    if twin is None or not config.dtype == config.param_dtype == "float32":
+        return model, variables
+    if not f32_packed.use_packed():
+        return model, variables
+    return twin, pack_for_products(variables)

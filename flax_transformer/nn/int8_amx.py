@@ -19,14 +19,13 @@ kernel's permission for the process, and a C++ compiler.
 from __future__ import annotations
 
 import functools
-import os
 import platform
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.nn.native_build import HERE, build_and_register, cpu_flags
+from flax_transformer.nn.native_build import HERE, build_and_register, cpu_flags, switch_value
 
 SWITCH = "FLAX_TRANSFORMER_INT8_KERNEL"
 CHOICES = ("auto", "xla", "amx")
@@ -38,10 +37,7 @@ K_MULTIPLE, N_MULTIPLE = 64, 32  # the kernel's tile sizes: K in 64-byte steps, 
 
 def choice() -> str:
     """The switch's value; ValueError naming the variable for anything else."""
-    value = os.environ.get(SWITCH, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{SWITCH}={value!r}: expected one of {', '.join(CHOICES)}")
-    return value
+    return switch_value(SWITCH, CHOICES)
 
 
 def reason_unavailable() -> str | None:

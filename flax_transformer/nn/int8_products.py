@@ -28,7 +28,7 @@ from flax import struct
 
 from flax_transformer.nn import int8_amx
 from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
-from flax_transformer.nn.layers import RELATIVE_BIAS, Dense
+from flax_transformer.nn.layers import Dense, product_matrix
 from flax_transformer.nn.model import Transformer, TransformerLM
 
 # Products of fewer rows are padded with zero rows to this many. 2 or 4: bench/NOTES.md
@@ -108,10 +108,8 @@ def quantize_for_products(variables: dict) -> dict:
     amx = int8_amx.use_amx()
 
     def leaf(path, value):
-        name = getattr(path[-1], "key", None)
-        if not (np.ndim(value) == 2 and name in axes):
-            return value
-        if any(getattr(k, "key", None) == RELATIVE_BIAS for k in path):  # not an nn.Embed
+        name = product_matrix(path, value)
+        if name is None:
             return value
         matrix = quantize_matrix(value, reduce_axis=axes[name])
         if not amx:

@@ -251,8 +251,20 @@ class PositionalEncoding(nn.Module):
 
 
 # The name of every RelativePositionBias module: its `embedding` param is a table but not an
-# nn.Embed's (int8 / packed products leave it as it is).
+# nn.Embed's (product_matrix leaves it out).
 RELATIVE_BIAS = "relative_bias"
+
+
+def product_matrix(path, value) -> str | None:
+    """For a params-tree leaf (jax.tree_util key path, value): "kernel" for a Dense kernel (in,
+    out), "embedding" for an nn.Embed table (vocab, in), None for anything else: the matrices
+    that int8 and packed float32 products (nn.int8_products, nn.f32_products) replace."""
+    name = getattr(path[-1], "key", None)
+    if jnp.ndim(value) != 2 or name not in ("kernel", "embedding"):
+        return None
+    if any(getattr(k, "key", None) == RELATIVE_BIAS for k in path):  # a table, not an nn.Embed
+        return None
+    return name
 
 
 class RelativePositionBias(nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -29,15 +30,29 @@ HEADERS = (HERE / "native_pool.h",)  # included by every kernel: part of each on
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     """The first processor's flags in /proc/cpuinfo (empty where there is none)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
+        return set(_proc_flags())
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "flags":
             return set(value.split())
     return set()
+
+
+@functools.cache
+def _proc_flags() -> frozenset[str]:
+    """This machine's flags, read once (a kernel's choice is asked at every product traced)."""
+    try:
+        return frozenset(cpu_flags(Path("/proc/cpuinfo").read_text()))
+    except OSError:
+        return frozenset()
+
+
+def switch_value(name: str, choices: tuple[str, ...]) -> str:
+    """The environment switch `name` (default "auto"); ValueError naming it for anything else."""
+    value = os.environ.get(name, "auto").strip().lower() or "auto"
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
 
 
 def unsupported_platform() -> str | None:
