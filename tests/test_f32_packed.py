@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.nn import f32_packed, native_build
+from flax_transformer.nn import f32_packed, int8_amx, native_build
 from flax_transformer.nn.f32_products import PackedF32Matrix, pack_for_products
 
 BUILD, WHY_NOT = f32_packed.variant() if f32_packed.choice() != "xla" else (None, "switch: xla")
@@ -71,6 +71,18 @@ def test_other_platforms_say_why(monkeypatch):
     monkeypatch.setenv(f32_packed.SWITCH, "auto")
     why = "the kernels need Linux on x86-64, this is Darwin arm64"
     assert f32_packed.reason_unavailable() == f"avx512: {why}; avx2: {why}"
+
+
+def test_kernels_step_aside_when_jax_computes_on_a_gpu(monkeypatch):
+    # A jitted program on a GPU cannot call these CPU kernels: a float32 or int8 model on a
+    # GPU must keep XLA's products there, whatever the host CPU has.
+    monkeypatch.setattr(native_build.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setenv(f32_packed.SWITCH, "auto")
+    monkeypatch.setenv(int8_amx.SWITCH, "auto")
+    why = "the kernels run on the CPU, JAX computes on gpu here"
+    assert f32_packed.reason_unavailable() == f"avx512: {why}; avx2: {why}"
+    assert not f32_packed.use_packed()
+    assert int8_amx.reason_unavailable() == why
 
 
 def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):

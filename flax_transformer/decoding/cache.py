@@ -23,7 +23,7 @@ slots are masked, so the results do not depend on the length.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
+from flax_transformer.decoding import beam_reorder
 from flax_transformer.decoding.inputs import Source
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.kinds import is_lm
@@ -110,9 +111,13 @@ class CachedState:
         return self.replace(cache=_map_per_beam(tile, self.cache))
 
     def reordered(self, beam_index: jax.Array) -> CachedState:
-        """Every beam's cache follows its parent: beam_index (B, K), parents within the row."""
+        """Every beam's cache follows its parent: beam_index (B, K), parents within the row.
+        On the CPU each self-attention cache moves in place, only its filled slots
+        (decoding.beam_reorder); elsewhere, and for any other per-beam leaf, a gather."""
         gather = lambda x: _gather_beams(x, beam_index)  # noqa: E731
-        return self.replace(cache=_map_per_beam(gather, self.cache))
+        if not beam_reorder.use_native():
+            return self.replace(cache=_map_per_beam(gather, self.cache))
+        return self.replace(cache=_reordered_in_place(self.cache, beam_index, gather))
 
     def grown(self, length: int) -> CachedState:
         """The self-attention keys/values (B, heads, n, head_dim) padded with empty slots to
@@ -150,6 +155,25 @@ def _map_per_beam(fn, cache: dict) -> dict:
         return fn(x)
 
     return jax.tree_util.tree_map_with_path(leaf, cache)
+
+
+def _reordered_in_place(cache, beam_index: jax.Array, gather):
+    """The cache with each self-attention's keys/values (B*K, heads, T, head_dim) reordered by
+    the kernel up to its cache_index; the cross-attention's as they are (shared by the beams);
+    any other leaf as `_map_per_beam` treats it."""
+    if not isinstance(cache, Mapping):
+        return cache if cache.ndim == 0 else gather(cache)
+    if {"cached_key", "cached_value", "cache_index"} <= cache.keys():
+        filled = cache["cache_index"]
+        moved = {
+            name: beam_reorder.reorder(cache[name], beam_index, filled)
+            for name in ("cached_key", "cached_value")
+        }
+        return {**cache, **moved}
+    return {
+        name: node if name == "cross_attn" else _reordered_in_place(node, beam_index, gather)
+        for name, node in cache.items()
+    }
 
 
 def gather_beams(x: jax.Array, index: jax.Array) -> jax.Array:

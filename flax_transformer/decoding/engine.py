@@ -16,8 +16,8 @@ Three parts plug in:
   sampling, with logits processors and an end rule), `decoding.beam_gnmt.GNMTBeam` and
   `hf.beam_selector.HFBeam` are the selectors of the package.
 
-The loop: prefill, choose at position prefix_len; then feed the chosen token of position pos,
-choose at pos + 1, and reorder the model state by the chosen beams' parents, until every row is
+The loop: prefill, choose at position prefix_len; then make the model state follow the chosen
+beams' parents, feed the chosen token of position pos and choose at pos + 1, until every row is
 done (the selector says when a row is done: EOS, length, or its hypotheses can no longer
 change). The loop runs once per cache length of the stepper (`stepper.lengths`), the state
 grown between them, so early steps read and move a short cache.
@@ -70,12 +70,18 @@ class SearchState:
     token: jax.Array  # (B,) or (B, K) the tokens chosen or forced at `pos`, fed next
     rule: Any  # the selector's carry
     done: jax.Array  # (B,)
+    parents: jax.Array | None  # (B, K) the parents `model` is still to follow; None: no beams
 
 
-def _after(state: SearchState, pos, model_state, choice: Choice) -> SearchState:
-    if choice.parents is not None:  # every beam's model state follows its parent
-        model_state = model_state.reordered(choice.parents)
-    return SearchState(pos, model_state, choice.token, choice.carry, choice.done)
+def _after(pos, model_state, choice: Choice) -> SearchState:
+    return SearchState(pos, model_state, choice.token, choice.carry, choice.done, choice.parents)
+
+
+def _followed(state: SearchState):
+    """The model state with every beam following its parent. Done at the start of the next
+    step, not at the end of the one that chose: there the reorder is the cache's first use,
+    so the CPU's in-place reorder writes into the loop's own buffer (decoding.beam_reorder)."""
+    return state.model if state.parents is None else state.model.reordered(state.parents)
 
 
 def run_search(stepper, prompts, selector: Selector, *, prefix_len: int):
@@ -88,12 +94,12 @@ def run_search(stepper, prompts, selector: Selector, *, prefix_len: int):
     pos = jnp.array(prefix_len, jnp.int32)
     not_done = jnp.zeros((batch,), bool)
     choice = selector.step(selector.init(batch), not_done, pos, logits)
-    first = _after(None, pos, model_state, choice)
+    first = _after(pos, model_state, choice)
 
     def body(state: SearchState) -> SearchState:
-        logits, model_state = stepper.feed(state.model, state.token.reshape(-1), state.pos)
+        logits, model_state = stepper.feed(_followed(state), state.token.reshape(-1), state.pos)
         pos = state.pos + 1
-        return _after(state, pos, model_state, selector.step(state.rule, state.done, pos, logits))
+        return _after(pos, model_state, selector.step(state.rule, state.done, pos, logits))
 
     # One loop per cache length (decoding.cache: the cache grows), each feeding positions
     # below its length; rows done early skip the longer ones.

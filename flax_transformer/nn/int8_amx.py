@@ -19,13 +19,18 @@ kernel's permission for the process, and a C++ compiler.
 from __future__ import annotations
 
 import functools
-import platform
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.nn.native_build import HERE, build_and_register, cpu_flags, switch_value
+from flax_transformer.nn.native_build import (
+    HERE,
+    build_and_register,
+    cpu_flags,
+    switch_value,
+    unsupported_platform,
+)
 
 SWITCH = "FLAX_TRANSFORMER_INT8_KERNEL"
 CHOICES = ("auto", "xla", "amx")
@@ -45,8 +50,9 @@ def reason_unavailable() -> str | None:
     the kernel on the first call that gets that far (cached)."""
     if choice() == "xla":
         return f"{SWITCH}=xla"
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"AMX needs Linux on x86-64, this is {platform.system()} {platform.machine()}"
+    why = unsupported_platform()
+    if why is not None:
+        return why
     missing = {"amx_tile", "amx_int8"} - cpu_flags()
     if missing:
         return f"this CPU lacks {' and '.join(sorted(missing))}"

@@ -56,9 +56,12 @@ def switch_value(name: str, choices: tuple[str, ...]) -> str:
 
 
 def unsupported_platform() -> str | None:
-    """None on Linux x86-64 (where the kernels are built), else why not."""
+    """None on Linux x86-64 (where the kernels are built) with JAX computing on the CPU, else
+    why not (a jitted program on a GPU cannot call a CPU kernel)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels need Linux on x86-64, this is {platform.system()} {platform.machine()}"
+    if jax.default_backend() != "cpu":
+        return f"the kernels run on the CPU, JAX computes on {jax.default_backend()} here"
     return None
 
 
