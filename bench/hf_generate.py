@@ -325,6 +325,8 @@ def run(args, argv: list[str]) -> dict:
         "int8_kernel": (_int8_kernel() if args.quantize else None),
         # which float32 product generation ran: nn.f32_packed's kernel, or XLA's dot and why
         "f32_kernel": _f32_kernel(),
+        # how beam search moved its cache: decoding.beam_reorder in place, or XLA's gather
+        "reorder_kernel": _reorder_kernel(),
         "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
@@ -354,8 +356,15 @@ def _int8_kernel() -> str:
 def _f32_kernel() -> str:
     from flax_transformer.nn import f32_packed
 
-    why = f32_packed.reason_unavailable()
-    return "avx512 (packed weights)" if why is None else f"xla ({why})"
+    build, why = f32_packed.variant()
+    return f"{build} (packed weights)" if why is None else f"xla ({why})"
+
+
+def _reorder_kernel() -> str:
+    from flax_transformer.decoding import beam_reorder
+
+    why = beam_reorder.reason_unavailable()
+    return "in place (decoding.beam_reorder)" if why is None else f"XLA's gather ({why})"
 
 
 def format_table(result: dict) -> str:
@@ -392,6 +401,8 @@ def format_table(result: dict) -> str:
             lines.append(f"int8 products: {machine['int8_kernel']}")
     if machine.get("f32_kernel"):
         lines.append(f"float32 products: {machine['f32_kernel']}")
+    if machine.get("reorder_kernel"):
+        lines.append(f"beam cache reorder: {machine['reorder_kernel']}")
     if machine.get("ctranslate2_skipped"):
         lines.append(machine["ctranslate2_skipped"])
     return "\n".join(lines)
