@@ -36,7 +36,8 @@ loop, the first rule that matches the op_name decides:
 - decoder_other: anything else under `Transformer.decode` (the embedding scale, reshapes);
 - cache_reorder: `take_along_axis` ops outside the model whose result is floating point of
   rank >= 4, i.e. the self-attention cache leaves gathered by parent beam
-  (`CachedState.reordered`), and the copies XLA adds for them;
+  (`CachedState.reordered`), and the copies XLA adds for them; on the CPU the in-place
+  reorder's custom calls instead (`/beam_reorder/`, decoding.beam_reorder);
 - beam_log_softmax: `log_softmax`; beam_top_k: `top_k` (both top-k's of transformers' rules);
 - beam_other: every other op of the loop body outside the model: above all the (B, K * V)
   candidate scores (log_softmax's last subtraction, the processors' masks and the running
@@ -107,6 +108,8 @@ def step_part(op_name: str, dtype: str = "", rank: int = 0) -> str:
         if re.search(pattern, op_name):
             return part
     if "take_along_axis" in op_name and dtype.startswith(("f", "bf")) and rank >= 4:
+        return "cache_reorder"
+    if "/beam_reorder/" in op_name:
         return "cache_reorder"
     if "log_softmax" in op_name:
         return "beam_log_softmax"

@@ -30,13 +30,16 @@ def random_cache(dtype, batch=5, beams=4, heads=3, length=8, head_dim=5, seed=0)
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("filled", [0, 1, 5, 8, 12])
 def test_filled_slots_follow_the_parents_the_rest_stay(dtype, filled):
-    cache = random_cache(dtype)
-    parents = jnp.asarray(PARENTS, jnp.int32)
-    moved = np.asarray(jax.jit(beam_reorder.reorder)(cache, parents, filled))
-    gathered = np.asarray(_gather_beams(cache, parents))
+    with jax.enable_x64(dtype == jnp.float64):  # float64 models decode with an int64 index
+        cache = random_cache(dtype)
+        assert cache.dtype == dtype
+        parents = jnp.asarray(PARENTS, jnp.int32)
+        index = jnp.asarray(filled, jnp.int64 if dtype == jnp.float64 else jnp.int32)
+        moved = np.asarray(jax.jit(beam_reorder.reorder)(cache, parents, index))
+        gathered = np.asarray(_gather_beams(cache, parents))
     n = min(filled, cache.shape[2])  # a count past the length means all of it
     np.testing.assert_array_equal(moved[:, :, :n], gathered[:, :, :n])
     np.testing.assert_array_equal(moved[:, :, n:], np.asarray(cache)[:, :, n:])

@@ -38,6 +38,7 @@ LAYER = f"{BODY}/Transformer.decode/decoder/layers_3"
         (f"{BODY}/Transformer.decode/mul", ("f32", 3), "decoder_other"),
         (f"{BODY}/jit(take_along_axis)/gather", ("f32", 5), "cache_reorder"),
         (f"{BODY}/jit(take_along_axis)/gather", ("s32", 3), "beam_other"),  # sequences
+        (f"{BODY}/beam_reorder/ffi_call", ("f32", 4), "cache_reorder"),  # in place (CPU)
         (f"{BODY}/jit(log_softmax)/reduce_max", ("f32", 1), "beam_log_softmax"),
         (f"{BODY}/top_k", ("", 0), "beam_top_k"),
         (f"{BODY}/jit(_where)/select_n", ("f32", 2), "beam_other"),
