@@ -102,15 +102,19 @@ def test_the_state_reordered_in_place_equals_the_gathered_one(monkeypatch):
     empty in every beam, so the two caches are equal in every slot."""
     config = preset("tiny", src_vocab_size=31, tgt_vocab_size=29, max_len=24)
     model = model_for(config, "seq2seq")
-    params = model.init(jax.random.key(0), jnp.ones((2, 5), jnp.int32), jnp.ones((2, 6), jnp.int32))
-    src = jnp.ones((2, 5), jnp.int32)
-    encoded = model.apply(params, src, method="encode")
-    state = CachedState(init_cache(model, 2, 8, src_len=5), None)
-    _, new = model.apply(
-        {**params, "cache": state.cache}, encoded, jnp.ones((2, 3), jnp.int32),
-        decode=True, method="decode", mutable=["cache"],
-    )  # fmt: skip
-    state = state.replace(cache=new["cache"]).for_beams(3)
+    tokens = jnp.ones((2, 5), jnp.int32)
+
+    @jax.jit  # (op by op, the tiny model's init and two calls take seconds)
+    def filled_cache(cache):  # 3 target tokens written into an 8-slot cache
+        params = model.init(jax.random.key(0), tokens, tokens)
+        encoded = model.apply(params, tokens, method="encode")
+        _, new = model.apply(
+            {**params, "cache": cache}, encoded, tokens[:, :3],
+            decode=True, method="decode", mutable=["cache"],
+        )  # fmt: skip
+        return new["cache"]
+
+    state = CachedState(filled_cache(init_cache(model, 2, 8, src_len=5)), None).for_beams(3)
 
     def noisy(x):  # beams of a row differ in the 3 filled slots; the rest stay empty
         if x.ndim != 4 or x.shape[0] != 6:
