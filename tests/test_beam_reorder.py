@@ -130,6 +130,8 @@ def test_the_state_reordered_in_place_equals_the_gathered_one(monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.slow  # two beam-search compilations, 10 s; the fast suite's decoding and Hugging
+# Face token tests run through the kernel too, and the state test above compares the caches
 def test_beam_search_tokens_and_scores_equal_the_gathers(monkeypatch):
     config = preset("tiny", src_vocab_size=31, tgt_vocab_size=29, max_len=40)
     model = model_for(config, "seq2seq")
