@@ -24,7 +24,11 @@ ALLOWED = {
     "interop": {"files", "spec", "nn", "interop"},
     # Everything Hugging Face: configs, weights, checkpoints, tokenizers, generation semantics.
     "hf": {"files", "spec", "nn", "decoding", "interop", "hf"},
-    "training": {"files", "spec", "nn", "decoding", "interop", "hf", "training"},
+    # The data pipeline: tasks and corpora, tokenizers, the token cache, batching, packing. It
+    # needs nn for packing's segment masks and hf for a run's Hugging Face tokenizer; it knows
+    # nothing of training (the run directory names its cache folder, not the other way round).
+    "data": {"files", "spec", "nn", "hf", "data"},
+    "training": {"files", "spec", "nn", "decoding", "interop", "hf", "data", "training"},
     "parity": {"files", "spec", "nn", "interop", "parity"},
     "export": {"files", "spec", "nn", "decoding", "interop", "export"},
     # The command line sits above every room.
@@ -82,7 +86,7 @@ def test_subpackages_import_only_downwards():
 TOP_LEVEL = {
     "lazy.py": set(),  # the lazy-export and moved-path helpers every room's __init__ uses
     "__init__.py": {"lazy", "spec", "nn"},  # the public API (names only; loaded lazily)
-    "nnx.py": {"spec", "nn", "interop", "training"},  # the models as flax.nnx modules
+    "nnx.py": {"spec", "nn", "interop", "data", "training"},  # the models as flax.nnx modules
     # paths of 0.1, kept one release: shims onto their new homes
     "decode.py": {"lazy", "decoding"},
     "numerics.py": {"lazy", "spec"},

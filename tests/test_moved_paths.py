@@ -16,6 +16,17 @@ MOVED = [
     ("flax_transformer.interop.hf_weights", "hf_state_to_params", "flax_transformer.hf.weights"),
     ("flax_transformer.interop.hf_checkpoint", "read_json", "flax_transformer.hf.checkpoint"),
     ("flax_transformer.training.hf_tokenizer", "HFTokenizer", "flax_transformer.hf.tokenizer"),
+    # the data pipeline left training/ for data/ (0.3)
+    ("flax_transformer.training.data", "read_tsv", "flax_transformer.data.pipeline"),
+    ("flax_transformer.training.corpus", "scan_corpus", "flax_transformer.data.corpus"),
+    ("flax_transformer.training.packing", "pack_examples", "flax_transformer.data.packing"),
+    (
+        "flax_transformer.training.token_batches",
+        "plan_token_batches",
+        "flax_transformer.data.token_batches",
+    ),
+    ("flax_transformer.training.token_cache", "build_cache", "flax_transformer.data.token_cache"),
+    ("flax_transformer.training.tokenizer", "load_tokenizer", "flax_transformer.data.tokenizer"),
     # paths of the release before the subpackage layout
     ("flax_transformer.convert", "torch_state_to_flax", "flax_transformer.interop.convert"),
     ("flax_transformer.convert", "save_torch_state", "flax_transformer.interop.convert"),

@@ -95,7 +95,7 @@ def load_params(args, run):
 
 def read_test_set(args, run):
     """The encoded test set (all of it; pairs over max_len skipped with a warning)."""
-    from flax_transformer.training.data import (
+    from flax_transformer.data.pipeline import (
         encode_documents,
         encode_pairs,
         read_text_lines,
@@ -121,9 +121,9 @@ def score(args) -> dict:
     import jax
 
     from flax_transformer.cli.train_flags import bleu_tokenizer
+    from flax_transformer.data.pipeline import eval_batches
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
-    from flax_transformer.training.data import eval_batches
     from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
     from flax_transformer.training.run import enable_x64_for, load_run
     from flax_transformer.training.run_dir import read_run_json

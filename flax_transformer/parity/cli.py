@@ -118,7 +118,7 @@ def _tokenizer_for(args, sources: Sequence[WeightSource]):
             "workdir (its tokenizer.json is used)"
         )
     try:
-        from flax_transformer.training.tokenizer import load_tokenizer
+        from flax_transformer.data.tokenizer import load_tokenizer
     except ImportError as err:
         raise ParityInputError(f"cannot load tokenizers in this install ({err})") from None
     try:
