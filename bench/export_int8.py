@@ -107,9 +107,9 @@ def main(argv=None) -> int:
     import jax
     import torch
 
+    from flax_transformer.cli.export import main as export_main
     from flax_transformer.data.pipeline import eval_batches
     from flax_transformer.decoding import Greedy, generate
-    from flax_transformer.export.cli import main as export_main
     from flax_transformer.export.int8 import int8_model, quantize_variables, tree_nbytes
     from flax_transformer.export.torch_int8 import greedy_torch, load_torch_int8, quantize_twin
     from flax_transformer.export.torch_twin import torch_twin

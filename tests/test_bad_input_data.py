@@ -11,6 +11,7 @@ import pytest
 
 import train
 from flax_transformer import Transformer, TransformerLM, preset
+from flax_transformer.cli.parity import main as parity_main
 from flax_transformer.data.pipeline import (
     DataError,
     check_dataset_ids,
@@ -32,7 +33,6 @@ from flax_transformer.interop.convert import (
     torch_state_to_flax,
 )
 from flax_transformer.nn.kinds import abstract_variables
-from flax_transformer.parity.cli import main as parity_main
 
 CONFIG = preset("tiny")  # src vocab 40, tgt vocab 44
 SRC = np.array([[5, 6, 7, 0], [8, 9, 0, 0]])

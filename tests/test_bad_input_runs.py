@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import train
-from flax_transformer.decoding.cli import main as generate_main
+from flax_transformer.cli.generate import main as generate_main
 from flax_transformer.files.atomic_io import atomic_path
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.training.checkpoint import (

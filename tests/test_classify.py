@@ -17,8 +17,8 @@ import torch
 
 import train
 from flax_transformer.cli.classify import main as classify_main
+from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.data.pipeline import DataError, Pair
-from flax_transformer.hf.__main__ import main as hf_main
 from flax_transformer.training import classification
 
 from . import hf_models

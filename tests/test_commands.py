@@ -174,14 +174,14 @@ def test_bad_input_exits_2_naming_the_problem(argv, message, tmp_path, monkeypat
 
 
 def test_interop_bad_settings_exit_2(capsys):
-    from flax_transformer.interop.__main__ import main as interop
+    from flax_transformer.cli.nn_transformer_check import main as interop
 
     assert interop(["--d-model", "30", "--nhead", "4", "--num-encoder-layers", "1"]) == 2
     assert "invalid nn.Transformer settings" in capsys.readouterr().err
 
 
 def test_generate_unreadable_input_exits_2(tmp_path, capsys):
-    from flax_transformer.decoding.cli import read_lines
+    from flax_transformer.cli.generate import read_lines
 
     with pytest.raises(SystemExit) as done:
         read_lines(tmp_path / "missing.txt")
@@ -193,10 +193,10 @@ def test_generate_unreadable_input_exits_2(tmp_path, capsys):
 def test_every_run_reading_command_takes_workdir(tmp_path):
     """The same flag for the run directory in every command; the old positional spelling gives
     the same arguments."""
-    from flax_transformer.decoding.cli import parse_args as generate_args
-    from flax_transformer.export.cli import parse_args as export_args
-    from flax_transformer.hf.__main__ import parse_args as hf_args
-    from flax_transformer.parity.cli import parse_args as parity_args
+    from flax_transformer.cli.export import parse_args as export_args
+    from flax_transformer.cli.generate import parse_args as generate_args
+    from flax_transformer.cli.hf import parse_args as hf_args
+    from flax_transformer.cli.parity import parse_args as parity_args
 
     (tmp_path / "run").mkdir()  # the output beside the run, not inside it (that is refused)
     run, out = str(tmp_path / "run"), str(tmp_path / "out")

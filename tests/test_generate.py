@@ -14,9 +14,9 @@ import optax
 import pytest
 
 from flax_transformer import TransformerConfig
+from flax_transformer.cli.generate import BUCKET, main
 from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.decoding import Beam, Greedy, Sample, generate
-from flax_transformer.decoding.cli import BUCKET, main
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import load_run

@@ -14,8 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "flax_transformer"
 
 # Which subpackages a library module of each subpackage may import (lazy imports included).
-# Entry points (cli.py, __main__.py and the top-level convert/generate/demo) sit above all of
-# them and may import anything.
+# Commands live in cli/ only; a room's __main__.py is a thin wrapper that calls a cli main.
 ALLOWED = {
     "files": {"files"},
     "spec": {"files", "spec"},
@@ -34,10 +33,9 @@ ALLOWED = {
     # The command line sits above every room.
     "cli": None,
 }
-# Entry points sit above all rooms and may import anything: the CLIs, and hf/run_dir.py (a
-# Hugging Face directory made a run directory and back, for the `hf` command). training/run_dir.py
-# (the run directory's layout) is a library module like any other.
-ENTRY_POINTS = {"cli.py", "__main__.py", "hf/run_dir.py"}
+# Entry points sit above all rooms: a room's `__main__.py` (`python -m flax_transformer.ROOM`),
+# which only hands over to a command of cli/ (test_main_wrappers_only_call_a_command).
+ENTRY_POINTS = {"__main__.py"}
 # Rooms within a room: what their modules may import of the package (the bottom of their room).
 # hf/families/: the Hugging Face family registry that the rest of hf/ reads, never the reverse.
 SUB_ROOMS = {
@@ -68,6 +66,21 @@ def library_modules():
     for path in sorted(PACKAGE.glob("*/**/*.py")):
         if not {path.name, f"{path.parent.name}/{path.name}"} & ENTRY_POINTS:
             yield path
+
+
+def test_main_wrappers_only_call_a_command():
+    """A room's `__main__.py` imports nothing of the package but one cli module (and lazy, for
+    the moved-path shim of a command that lived there before), and defines no function."""
+    for path in sorted(PACKAGE.glob("*/__main__.py")):
+        tree = ast.parse(path.read_text())
+        names = imported_modules(path) - {
+            "flax_transformer.lazy",
+            "flax_transformer.lazy.moved_module",
+        }
+        commands = {n for n in names if n.startswith("flax_transformer.cli.")}
+        assert names == commands and commands, f"{path.relative_to(ROOT)} imports {sorted(names)}"
+        defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defined, f"{path.relative_to(ROOT)} defines {[n.name for n in defined]}"
 
 
 def test_subpackages_import_only_downwards():

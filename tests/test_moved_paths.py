@@ -27,6 +27,14 @@ MOVED = [
     ),
     ("flax_transformer.training.token_cache", "build_cache", "flax_transformer.data.token_cache"),
     ("flax_transformer.training.tokenizer", "load_tokenizer", "flax_transformer.data.tokenizer"),
+    # the commands left the library rooms for cli/ (0.3)
+    ("flax_transformer.decoding.cli", "main", "flax_transformer.cli.generate"),
+    ("flax_transformer.decoding.cli", "read_lines", "flax_transformer.cli.generate"),
+    ("flax_transformer.export.cli", "parse_args", "flax_transformer.cli.export"),
+    ("flax_transformer.parity.cli", "run_cli", "flax_transformer.cli.parity"),
+    ("flax_transformer.hf.__main__", "parse_args", "flax_transformer.cli.hf"),
+    ("flax_transformer.hf.run_dir", "import_run", "flax_transformer.training.hf_runs"),
+    ("flax_transformer.interop.convert", "main", "flax_transformer.cli.convert"),
     # paths of the release before the subpackage layout
     ("flax_transformer.convert", "torch_state_to_flax", "flax_transformer.interop.convert"),
     ("flax_transformer.convert", "save_torch_state", "flax_transformer.interop.convert"),

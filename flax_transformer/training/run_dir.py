@@ -1,7 +1,7 @@
 """The run directory (`--workdir`): one name per file, and the one function that writes each.
 
 Every command that reads or writes a run goes through this module: the training CLI
-(cli/train.py) and loop (training/loop.py), `hf import`/`hf export` (hf/run_dir.py),
+(cli/train.py) and loop (training/loop.py), `hf import`/`hf export` (training/hf_runs.py),
 `generate`, `export` and `parity` (through training/run.py's `load_run`).
 
 name (constant)                 written by -> read by; format
