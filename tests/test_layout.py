@@ -83,6 +83,28 @@ def test_main_wrappers_only_call_a_command():
         assert not defined, f"{path.relative_to(ROOT)} defines {[n.name for n in defined]}"
 
 
+def test_commands_load_a_run_one_way():
+    """Every command loads a run through training.run.open_run (directory check, x64 for a
+    float64 run, the checkpoint choice, the model kinds it can use): none calls load_run or
+    enable_x64_for itself."""
+    users = [*PACKAGE.glob("cli/*.py"), PACKAGE / "training/hf_runs.py"]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {node.id}"
+        for path in users
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Name) and node.id in ("load_run", "enable_x64_for")
+    ]
+    offenders += [
+        f"{path.relative_to(ROOT)} imports {alias.name}"
+        for path in users
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name in ("load_run", "enable_x64_for")
+    ]
+    assert not offenders, offenders
+
+
 def test_subpackages_import_only_downwards():
     violations = []
     for path in library_modules():

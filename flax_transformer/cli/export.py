@@ -113,13 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     cannot be loaded or exported, else 0."""
     args = parse_args(argv)
     from flax_transformer.export.output import staged_output
-    from flax_transformer.training.run import enable_x64_for, load_run
+    from flax_transformer.training.run import RunLoadError, open_run
 
-    enable_x64_for(args.run_dir)  # a float64 run stays float64
     try:
-        run = load_run(args.run_dir, args.checkpoint)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: cannot load run {args.run_dir}: {err}", file=sys.stderr)
+        run = open_run(args.run_dir, args.checkpoint)
+    except RunLoadError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         with staged_output(args.out, args.force) as directory:

@@ -3,12 +3,13 @@
     python -m flax_transformer.generate --workdir RUN [--input FILE] [--beam N | --sample ...]
 
 Reads one input per line (from --input or stdin) and writes one output line per input line to
-stdout, in order. It loads the run's config, tokenizer and a checkpoint (`training.load_run`):
-the best one when the run kept one (train.py --keep-best), else the latest; --checkpoint
-last|best|STEP chooses. A seq2seq run translates each line; a language-model run continues it
-(the output is the continuation only; --echo prepends the prompt). Decoding is greedy by
-default, beam search with --beam N, sampling with --sample. Newlines inside a generated text are
-written as the two characters \\n so that the output stays line-aligned.
+stdout, in order. It loads the run's config, tokenizer and a checkpoint
+(`training.run.open_run`): the best one when the run kept one (train.py --keep-best), else
+the latest; --checkpoint last|best|STEP chooses. A seq2seq run translates each line; a
+language-model run continues it (the output is the continuation only; --echo prepends the
+prompt). Decoding is greedy by default, beam search with --beam N, sampling with --sample.
+Newlines inside a generated text are written as the two characters \\n so that the output
+stays line-aligned.
 
 Bad input lines (empty, not valid UTF-8, or too long for the model's max_len) are reported on
 stderr with their line number and produce an empty output line; the exit status is then 2. A
@@ -312,23 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     line per input line; exit status 2 for a bad workdir, flag or input line (an empty line is
     printed in its place), else 0."""
     args = parse_args(argv)
-    if not args.workdir.is_dir():
-        print(f"error: --workdir {args.workdir} is not a directory", file=sys.stderr)
-        return 2
-    from flax_transformer.training.run import enable_x64_for, load_run
+    from flax_transformer.training.run import RunLoadError, open_run
 
-    enable_x64_for(args.workdir)  # a float64 run stays float64
-    try:
-        run = load_run(args.workdir, args.checkpoint)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: cannot load run {args.workdir}: {err}", file=sys.stderr)
-        return 2
-    if run.model_kind not in (LM, SEQ2SEQ):
-        print(
-            f"error: {args.workdir} holds a bare {run.model_kind} (no decoder): nothing to "
-            "generate with",
-            file=sys.stderr,
-        )
+    try:  # a bare encoder has no decoder: nothing to generate with
+        run = open_run(args.workdir, args.checkpoint, kinds=(LM, SEQ2SEQ), purpose="generate")
+    except RunLoadError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     generator = Generator(run, args)
     if args.int8:  # int8 matrices in memory, dequantised inside the jitted decoder

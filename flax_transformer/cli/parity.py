@@ -64,10 +64,9 @@ def load_source(
                 return WeightSource(str(path / name), params, config, model, tokenizer)
         if (path / run_dir.CHECKPOINTS).is_dir() and (path / run_dir.CONFIG).exists():
             # A run still going (or stopped early): its latest Orbax checkpoint.
-            from flax_transformer.training.run import enable_x64_for, load_run
+            from flax_transformer.training.run import open_run
 
-            enable_x64_for(path)  # a float64 run stays float64
-            run = load_run(path)
+            run = open_run(path)
             label = f"{path} (checkpoint step {run.step})"
             return WeightSource(label, run.params, run.config, run.model_kind, tokenizer)
         raise ParityInputError(

@@ -125,12 +125,11 @@ def score(args) -> dict:
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
     from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
-    from flax_transformer.training.run import enable_x64_for, load_run
+    from flax_transformer.training.run import open_run
     from flax_transformer.training.run_dir import read_run_json
     from flax_transformer.training.steps import make_eval_step
 
-    enable_x64_for(args.workdir)
-    run = load_run(args.workdir, args.checkpoint)
+    run = open_run(args.workdir, args.checkpoint)
     params, which = load_params(args, run)
     dataset = read_test_set(args, run)
     model = model_for(run.config, run.model_kind)

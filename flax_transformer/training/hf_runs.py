@@ -28,7 +28,7 @@ from flax_transformer.spec.config import config_diff
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind
 from flax_transformer.training import run_dir as layout
 from flax_transformer.training.checkpoint import Checkpointer
-from flax_transformer.training.run import enable_x64_for, load_run
+from flax_transformer.training.run import open_run
 from flax_transformer.training.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
 from flax_transformer.training.state import TrainState
 
@@ -111,8 +111,7 @@ def export_run(
     hf_config = read_json(run_dir / HF_CONFIG, "Hugging Face config")
     generation = run_dir / HF_GENERATION_CONFIG
     generation_config = read_json(generation, "generation config") if generation.exists() else {}
-    enable_x64_for(run_dir)  # a float64 run stays float64
-    run = load_run(run_dir, checkpoint)
+    run = open_run(run_dir, checkpoint)
     expected, _ = hf_to_config(hf_config, run.config.param_dtype, where=str(run_dir / HF_CONFIG))
     diff = config_diff(expected, run.config, ignore=EXPORT_IGNORES)
     if diff:
