@@ -14,7 +14,7 @@ import numpy as np
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the demo's flags (--seed only); an argparse error (exit 2) for a negative seed."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.demo",
+        prog="ftx demo",
         description="Build the PyTorch twin (the `small` preset), convert its weights to Flax and "
         "print the float64 and float32 logits error measured between the two. Writes no files.",
     )

@@ -34,9 +34,9 @@ POLL_S = 0.1
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     """(launcher options, the command after `--`); argparse errors (exit 2) for bad ones."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.launch",
+        prog="ftx launch",
         description="Start N local processes of a multi-process train.py run.",
-        epilog="example: python -m flax_transformer.launch --processes 2 -- train.py --mesh data=2",
+        epilog="example: ftx launch --processes 2 -- train.py --mesh data=2",
     )
     from flax_transformer.cli.flags import flag_type
     from flax_transformer.spec.validate import Float

@@ -70,7 +70,8 @@ def test_ftx_subcommand_help_prints_usage_and_does_nothing_else(
     monkeypatch.chdir(tmp_path)
     code, out, err = run_ftx([name, "--help"], capsys)
     assert code == 0, err
-    assert out.startswith("usage:") and err == ""
+    assert out.startswith(f"usage: ftx {name} ") and err == ""  # the command as users type it
+    assert "python -m" not in out and "python train.py" not in out
     assert list(tmp_path.iterdir()) == []  # no file, no run directory made
 
 

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     to Flax or back (the direction follows the input), print a JSON summary. Exit status 2 for
     bad flags or unreadable / inconsistent weights, else 0."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.convert",
+        prog="ftx convert",
         description="Convert a torch_reference weight file (.safetensors or .pt) to a Flax "
         "safetensors file, or a Flax file back to torch keys. The direction follows the input.",
     )

@@ -1,4 +1,4 @@
-"""`python -m flax_transformer.export --workdir RUN --format FORMAT --out DIR`: deploy a trained run
+"""`ftx export --workdir RUN --format FORMAT --out DIR`: deploy a trained run
 (`export RUN --format ...`, the run directory as a positional argument, is the old spelling).
 
 Formats: `stablehlo` (jax.export: forward.stablehlo, greedy.stablehlo; `--int8` bakes in int8
@@ -31,13 +31,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse and check the export flags (--workdir or the old positional run directory,
     format-specific flags, --out); an argparse error (exit 2) names a bad flag."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.export",
-        description="Export a train.py run as StableHLO, ONNX or int8 TorchScript.",
+        prog="ftx export",
+        description="Export a run (ftx train, ftx hf import) as StableHLO, ONNX or int8 "
+        "TorchScript.",
     )
     parser.add_argument(
-        "run_dir", type=Path, nargs="?", help="a train.py workdir (old spelling of --workdir)"
+        "run_dir", type=Path, nargs="?", help="a run directory (old spelling of --workdir)"
     )
-    parser.add_argument("--workdir", type=Path, help="the train.py run directory to export")
+    parser.add_argument("--workdir", type=Path, help="the run directory to export")
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     parser.add_argument("--out", "--output", type=Path, required=True, help="the output directory")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")

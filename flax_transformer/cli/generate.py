@@ -1,6 +1,6 @@
 """Translate or continue text with a model trained by train.py.
 
-    python -m flax_transformer.generate --workdir RUN [--input FILE] [--beam N | --sample ...]
+    ftx generate --workdir RUN [--input FILE] [--beam N | --sample ...]
 
 Reads one input per line (from --input or stdin) and writes one output line per input line to
 stdout, in order. It loads the run's config, tokenizer and a checkpoint
@@ -53,10 +53,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from flax_transformer.decoding.strategies import BEAM_RULES, SAMPLE_RULES
 
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.generate",
-        description="Translate / continue lines of text with a train.py run.",
+        prog="ftx generate",
+        description="Translate / continue lines of text with a run of ftx train or ftx hf import.",
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a train.py workdir")
+    parser.add_argument("--workdir", type=Path, required=True, help="a run directory")
     parser.add_argument("--input", type=Path, help="input file, one text per line (default: stdin)")
     parser.add_argument(
         "--max-new-tokens",
@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint",
         metavar="last|best|STEP",
-        help="which checkpoint: the latest, the best (train.py --keep-best) or a step number "
+        help="which checkpoint: the latest, the best (ftx train --keep-best) or a step number "
         "(default: best when the run kept one, else last)",
     )
     args = parser.parse_args(argv)

@@ -1,9 +1,8 @@
-"""python -m flax_transformer.hf import HF_DIR --workdir RUN | export --workdir RUN --out HF_DIR
+"""ftx hf import HF_DIR --workdir RUN | ftx hf export --workdir RUN --out HF_DIR
 
 import: a directory written by transformers' save_pretrained (marian, bart, mbart, gpt2, with
-its tokenizer; a local path: Hub ids are not downloaded) -> a train.py run directory that
-`python -m flax_transformer.generate --workdir RUN` decodes with and `train.py --init-from RUN`
-fine-tunes from.
+its tokenizer; a local path: Hub ids are not downloaded) -> a run directory that `ftx generate
+--workdir RUN` decodes with and `ftx train --init-from RUN` fine-tunes from.
 export: such a run (or one fine-tuned from it) -> a save_pretrained directory.
 The old positional spellings (`import HF_DIR RUN_DIR`, `export RUN_DIR HF_DIR`) still work.
 An output that is, contains or lies inside the input is refused; `export` into a non-empty
@@ -26,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `python -m flax_transformer.hf` / `ftx hf`: the `import` and
     `export` subcommands and their flags."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.hf",
-        description="Hugging Face checkpoints (local save_pretrained directories) as train.py "
+        prog="ftx hf",
+        description="Hugging Face checkpoints (local save_pretrained directories) as ftx train "
         "run directories, and back.",
     )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -1,12 +1,12 @@
-"""`python -m flax_transformer.parity A B`: the parity report on two weight files or workdirs.
+"""`ftx parity A B`: the parity report on two weight files or run directories.
 
 Exit 0: all within tolerance, 1: something out of tolerance, 2: bad input.
-    python -m flax_transformer.parity A B [--dtype float64|float32] [--tol T] [--json OUT]
-    python -m flax_transformer.parity --workdir RUN [B]    (A = RUN; B = RUN when not given)
+    ftx parity A B [--dtype float64|float32] [--tol T] [--json OUT]
+    ftx parity --workdir RUN [B]    (A = RUN; B = RUN when not given)
         [--input TEXT ...] [--target TEXT ...] [--tokenizer tokenizer.json]
 A's weights run in Flax, B's weights run in the torch twin (pass the same file twice to check
 the two implementations against each other). A and B are torch_reference or Flax safetensors
-files (or `.pt` state_dicts with --config) or train.py workdirs.
+files (or `.pt` state_dicts with --config) or run directories.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `python -m flax_transformer.parity` / `ftx parity`: the two weight
     sources A and B (or --workdir), dtype, tolerance and input flags."""
     parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.parity",
+        prog="ftx parity",
         description="Run A's weights in the Flax model and B's weights in the torch twin on the "
         "same inputs, compare every intermediate (embeddings, each sub-layer, attention weights, "
         "stack outputs, logits) and report where they start to diverge. Exit status: 0 all "
@@ -138,12 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="A B",
         help="A: weights run in Flax: .safetensors (either framework), .pt (with --config) or a "
-        "train.py workdir; B: weights run in the torch twin (same kinds as A)",
+        "run directory; B: weights run in the torch twin (same kinds as A)",
     )
     parser.add_argument(
         "--workdir",
         metavar="RUN",
-        help="a train.py run as A; B is the one positional given, or RUN again (the run's "
+        help="a run directory as A; B is the one positional given, or RUN again (the run's "
         "weights in Flax against the same weights in the torch twin)",
     )
     parser.add_argument(

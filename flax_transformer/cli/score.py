@@ -32,10 +32,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The score flags; argparse errors (exit 2) for bad values or combinations."""
     parser = argparse.ArgumentParser(
         prog="ftx score",
-        description="Score a test set with a train.py run: loss, BLEU and exact match "
+        description="Score a test set with a run of ftx train: loss, BLEU and exact match "
         "(seq2seq) or perplexity (LM).",
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a train.py run directory")
+    parser.add_argument(
+        "--workdir", type=Path, required=True, help="a run directory (ftx train --workdir)"
+    )
     test = parser.add_mutually_exclusive_group(required=True)
     test.add_argument("--test-tsv", type=Path, help="seq2seq test set: source<TAB>target lines")
     test.add_argument("--test-text", type=Path, help="LM test set: one document a line")

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = argparse.ArgumentParser(
-        prog="python train.py",
+        prog="ftx train",
         description="Train the Transformer of 'Attention Is All You Need' (JAX/Flax) on a "
         "built-in task, a parallel corpus or a text file, with exact resume.",
     )
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-config",
         help="JSON file of flag values, or a previous run's run.json; command-line flags win",
     )
-    many = p.add_argument_group("multi-process (python -m flax_transformer.launch starts them)")
+    many = p.add_argument_group("multi-process (ftx launch starts them)")
     add_option_flags(many, DistributedOptions, DISTRIBUTED_FLAGS)
     return p
 

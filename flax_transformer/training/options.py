@@ -134,8 +134,8 @@ class TrainOptions:
     )
     init_from: str | None = option(
         None,
-        "start from the weights, config and tokenizer of a run directory (a train.py workdir, "
-        "or one made by `python -m flax_transformer.hf import`); not with --config or model flags",
+        "start from the weights, config and tokenizer of a run directory (one of ftx train, "
+        "or one made by `ftx hf import`); not with --config or model flags",
         metavar="RUN_DIR",
     )
     mesh: str | None = option(
