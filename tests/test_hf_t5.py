@@ -233,8 +233,8 @@ def test_encoder_fn_is_jittable_and_runs_in_bfloat16(models):
 
 
 def test_import_export_round_trip_of_a_t5_and_an_encoder(models, tmp_path):
+    from flax_transformer.cli import generate as generate_cli
     from flax_transformer.cli.hf import main as hf_main
-    from flax_transformer.decoding import cli as generate_cli
     from flax_transformer.training.run_dir import read_run_json
 
     for name in ("t5_v1_1", "umt5_encoder"):
