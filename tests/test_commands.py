@@ -77,7 +77,7 @@ def test_ftx_subcommand_help_prints_usage_and_does_nothing_else(
 
 def test_ftx_dispatches_to_the_commands_main(monkeypatch):
     """`ftx X ARGS` is X's main(ARGS): same function, same arguments, its status returned."""
-    import flax_transformer.launch as launch
+    import flax_transformer.cli.launch as launch
 
     seen = []
     monkeypatch.setattr(launch, "main", lambda argv: seen.append(argv) or 7)
@@ -115,7 +115,7 @@ def test_every_module_entry_point_help_works_and_does_nothing_else(tmp_path):
 
 
 def test_demo_takes_no_positional_arguments(capsys):
-    from flax_transformer.demo import main as demo
+    from flax_transformer.cli.demo import main as demo
 
     with pytest.raises(SystemExit) as done:
         demo(["now"])
@@ -123,7 +123,7 @@ def test_demo_takes_no_positional_arguments(capsys):
 
 
 def test_launch_without_a_command_is_still_a_usage_error(capsys):
-    from flax_transformer.launch import parse_args
+    from flax_transformer.cli.launch import parse_args
 
     with pytest.raises(SystemExit) as done:
         parse_args(["--processes", "2"])

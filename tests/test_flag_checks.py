@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer import launch as launcher
 from flax_transformer.cli import generate as generate_cli
+from flax_transformer.cli import launch as launcher
 from flax_transformer.cli import train
 from flax_transformer.data.pipeline import Pair, overlap_warning
 from flax_transformer.data.tokenizer import ByteTokenizer, load_tokenizer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import train
-from flax_transformer import launch
+from flax_transformer.cli import launch
 from flax_transformer.data.pipeline import BatchLoader, encode_pairs, generate_task
 from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.training.distributed import contiguous_rows, detected_cluster

@@ -35,6 +35,8 @@ MOVED = [
     ("flax_transformer.hf.__main__", "parse_args", "flax_transformer.cli.hf"),
     ("flax_transformer.hf.run_dir", "import_run", "flax_transformer.training.hf_runs"),
     ("flax_transformer.interop.convert", "main", "flax_transformer.cli.convert"),
+    ("flax_transformer.launch", "parse_args", "flax_transformer.cli.launch"),
+    ("flax_transformer.demo", "parse_args", "flax_transformer.cli.demo"),
     # paths of the release before the subpackage layout
     ("flax_transformer.convert", "torch_state_to_flax", "flax_transformer.interop.convert"),
     ("flax_transformer.convert", "save_torch_state", "flax_transformer.interop.convert"),

@@ -25,8 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "parity": ("flax_transformer.cli.parity", "where two sets of weights start to differ"),
     "export": ("flax_transformer.cli.export", "a run as StableHLO, ONNX or int8 TorchScript"),
     "hf": ("flax_transformer.cli.hf", "Hugging Face directories <-> run directories"),
-    "launch": ("flax_transformer.launch", "start a multi-process training run on this machine"),
-    "demo": ("flax_transformer.demo", "convert the torch twin's weights and print the parity"),
+    "launch": ("flax_transformer.cli.launch", "start a multi-process training run on this machine"),
+    "demo": ("flax_transformer.cli.demo", "convert the torch twin's weights and print the parity"),
 }
 USAGE = "usage: ftx [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
 
