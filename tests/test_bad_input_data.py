@@ -11,6 +11,7 @@ import pytest
 
 import train
 from flax_transformer import Transformer, TransformerLM, preset
+from flax_transformer.cli import convert as convert_cli
 from flax_transformer.cli.parity import main as parity_main
 from flax_transformer.data.pipeline import (
     DataError,
@@ -185,7 +186,7 @@ def test_convert_refuses_integer_and_non_finite_weights(
 ):
     root, _ = weight_files
     out = tmp_path / "out.safetensors"
-    assert convert.main([str(root / f"{name}.safetensors"), str(out), *extra]) == code
+    assert convert_cli.main([str(root / f"{name}.safetensors"), str(out), *extra]) == code
     captured = capsys.readouterr()
     assert message in captured.out + captured.err
     assert out.exists() == (code == 0)

@@ -11,11 +11,11 @@ import math
 import pytest
 
 import train
+from flax_transformer.cli import convert
 from flax_transformer.cli import generate as generate_cli
 from flax_transformer.cli import parity as parity_cli
 from flax_transformer.data.tokenizer import BPETokenizer
 from flax_transformer.decoding.strategies import Beam, Sample
-from flax_transformer.interop import convert
 from flax_transformer.spec.config import FIELD_RULES, TransformerConfig
 from flax_transformer.spec.validate import Bool, Choice, Float, Int
 from flax_transformer.training.options import DataOptions, OptionError, TrainOptions, rule_of
