@@ -88,20 +88,17 @@ def test_commands_load_a_run_one_way():
     float64 run, the checkpoint choice, the model kinds it can use): none calls load_run or
     enable_x64_for itself."""
     users = [*PACKAGE.glob("cli/*.py"), PACKAGE / "training/hf_runs.py"]
-    offenders = [
-        f"{path.relative_to(ROOT)}: {node.id}"
-        for path in users
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Name) and node.id in ("load_run", "enable_x64_for")
-    ]
-    offenders += [
-        f"{path.relative_to(ROOT)} imports {alias.name}"
-        for path in users
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-        if alias.name in ("load_run", "enable_x64_for")
-    ]
+    offenders = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.id] if isinstance(node, ast.Name) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [alias.name for alias in node.names]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+                for name in names
+                if name in ("load_run", "enable_x64_for")
+            ]
     assert not offenders, offenders
 
 
