@@ -1,8 +1,8 @@
-"""`python -m flax_transformer.generate --workdir RUN`: the decoding CLI (lives in decoding.cli)."""
+"""`python -m flax_transformer.generate --workdir RUN` = `ftx generate` (cli/generate.py)."""
 
 import sys
 
-from flax_transformer.decoding.cli import main
+from flax_transformer.cli.generate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,9 +17,9 @@ import torch
 
 import train
 from flax_transformer.cli.classify import main as classify_main
-from flax_transformer.hf.__main__ import main as hf_main
+from flax_transformer.cli.hf import main as hf_main
+from flax_transformer.data.pipeline import DataError, Pair
 from flax_transformer.training import classification
-from flax_transformer.training.data import DataError, Pair
 
 from . import hf_models
 

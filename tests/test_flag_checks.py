@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer import launch as launcher
+from flax_transformer.cli import generate as generate_cli
+from flax_transformer.cli import launch as launcher
 from flax_transformer.cli import train
-from flax_transformer.decoding import cli as generate_cli
+from flax_transformer.data.pipeline import Pair, overlap_warning
+from flax_transformer.data.tokenizer import ByteTokenizer, load_tokenizer
 from flax_transformer.spec.config import MAX_LEN_LIMIT, check_config_for_kind, kind_problems
-from flax_transformer.training.data import Pair, overlap_warning
-from flax_transformer.training.tokenizer import ByteTokenizer, load_tokenizer
 
 TINY = ["--d-model", "16", "--num-heads", "2", "--d-ff", "16", "--num-layers", "1"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.files.atomic_io import staged_directory
-from flax_transformer.hf.__main__ import main as hf_main
 from flax_transformer.interop.convert import save_torch_state
 
 from . import hf_models
@@ -135,7 +135,7 @@ def save_then_signal(self, *args, **kwargs):
     os.kill(os.getpid(), signal.{sig})
     return step
 checkpoint.Checkpointer.save = save_then_signal
-from flax_transformer.hf.__main__ import main
+from flax_transformer.cli.hf import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -161,7 +161,7 @@ def save_then_signal(tensors, path, *args, **kwargs):
     save_file(tensors, path, *args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)
 safetensors.numpy.save_file = save_then_signal
-from flax_transformer.interop.convert import main
+from flax_transformer.cli.convert import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import train
-from flax_transformer.training.data import BatchLoader, Dataset, Pair, bucket_boundaries
-from flax_transformer.training.run_dir import read_metrics
-from flax_transformer.training.token_batches import (
+from flax_transformer.data.pipeline import BatchLoader, Dataset, Pair, bucket_boundaries
+from flax_transformer.data.token_batches import (
     BatchTokensError,
     batch_shapes,
     plan_token_batches,
     rows_for,
 )
+from flax_transformer.training.run_dir import read_metrics
 
 TINY = [
     "--task-min-len", "1", "--task-max-len", "12", "--task-train-size", "300",

@@ -11,10 +11,8 @@ import pytest
 
 import train
 from flax_transformer.cli.train import split_off_validation
-from flax_transformer.interop.convert import load_safetensors
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training import corpus, token_cache
-from flax_transformer.training.data import (
+from flax_transformer.data import corpus, token_cache
+from flax_transformer.data.pipeline import (
     BatchLoader,
     DataError,
     encode_documents,
@@ -22,8 +20,10 @@ from flax_transformer.training.data import (
     read_text_lines,
     read_tsv,
 )
+from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
+from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.hooks import STOP
-from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
 
 WORDS = ["chat", "chien", "maison", "arbre", "soleil", "lune", "eau", "feu"]
 

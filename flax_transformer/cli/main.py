@@ -18,15 +18,15 @@ import sys
 # subcommand -> (module whose main(argv) runs it, one line for `ftx --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flax_transformer.cli.train", "train a model (the built-in task or your data)"),
-    "generate": ("flax_transformer.decoding.cli", "translate / continue text with a run"),
+    "generate": ("flax_transformer.cli.generate", "translate / continue text with a run"),
     "classify": ("flax_transformer.cli.classify", "label texts with a sequence classifier run"),
     "score": ("flax_transformer.cli.score", "score a test set: loss, BLEU, exact match"),
-    "convert": ("flax_transformer.interop.convert", "weight files: torch <-> Flax safetensors"),
-    "parity": ("flax_transformer.parity.cli", "where two sets of weights start to differ"),
-    "export": ("flax_transformer.export.cli", "a run as StableHLO, ONNX or int8 TorchScript"),
-    "hf": ("flax_transformer.hf.__main__", "Hugging Face directories <-> run directories"),
-    "launch": ("flax_transformer.launch", "start a multi-process training run on this machine"),
-    "demo": ("flax_transformer.demo", "convert the torch twin's weights and print the parity"),
+    "convert": ("flax_transformer.cli.convert", "weight files: torch <-> Flax safetensors"),
+    "parity": ("flax_transformer.cli.parity", "where two sets of weights start to differ"),
+    "export": ("flax_transformer.cli.export", "a run as StableHLO, ONNX or int8 TorchScript"),
+    "hf": ("flax_transformer.cli.hf", "Hugging Face directories <-> run directories"),
+    "launch": ("flax_transformer.cli.launch", "start a multi-process training run on this machine"),
+    "demo": ("flax_transformer.cli.demo", "convert the torch twin's weights and print the parity"),
 }
 USAGE = "usage: ftx [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
 

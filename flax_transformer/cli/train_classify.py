@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from flax_transformer.cli.train_flags import UsageError
+from flax_transformer.data.corpus import held_out_indices
+from flax_transformer.data.pipeline import warn_if_validation_is_training
 from flax_transformer.spec.kinds import ENCODER
 from flax_transformer.training import classification, run_dir
-from flax_transformer.training.corpus import held_out_indices
-from flax_transformer.training.data import warn_if_validation_is_training
 
 
 class ClassifyInput:

@@ -1,5 +1,5 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text): checked in a
-streaming pass, tokenized once into the run directory's token cache (training/token_cache.py)
+streaming pass, tokenized once into the run directory's token cache (data/token_cache.py)
 and read from it lazily; --resume reuses the cache. The built-in tasks stay in memory
 (cli/train.py's load_pairs)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from flax_transformer.data import corpus, token_cache
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training import corpus, token_cache
 from flax_transformer.training.run_dir import TOKENIZER
 
 
@@ -78,7 +78,7 @@ class CorpusInput:
         """(training set, validation set): the training set from the run's cache for this key
         (--resume, or another process's run) or from a new one built into a staging
         directory (process 0; `install` moves it in); the validation set in memory."""
-        from flax_transformer.training.data import encode_documents, encode_pairs
+        from flax_transformer.data.pipeline import encode_documents, encode_pairs
 
         saved = Path(workdir) / TOKENIZER
         sha = token_cache.tokenizer_fingerprint(tokenizer, saved if saved.exists() else None)

@@ -1,8 +1,8 @@
-"""`python -m flax_transformer.export RUN_DIR --format onnx|stablehlo|torch-int8 --out DIR`."""
+"""`python -m flax_transformer.export --workdir RUN --format F --out DIR` = `ftx export`."""
 
 import sys
 
-from flax_transformer.export.cli import main
+from flax_transformer.cli.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

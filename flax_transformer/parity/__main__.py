@@ -1,7 +1,7 @@
-"""`python -m flax_transformer.parity A B`: see parity/cli.py."""
+"""`python -m flax_transformer.parity A B` = `ftx parity` (cli/parity.py)."""
 
 import sys
 
-from flax_transformer.parity.cli import main
+from flax_transformer.cli.parity import main
 
 sys.exit(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flax_transformer.training.data import (  # noqa: F401  (CLASSIFY: the task's name)
+from flax_transformer.data.pipeline import (  # noqa: F401  (CLASSIFY: the task's name)
     CLASSIFY,
     DataError,
     LabelledDataset,

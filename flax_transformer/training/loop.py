@@ -30,6 +30,8 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from flax_transformer.data.pipeline import BatchLoader, Dataset, bucket_boundaries, eval_batches
+from flax_transformer.data.token_batches import batch_shapes
 from flax_transformer.files.space import out_of_space_message
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import TransformerConfig
@@ -42,7 +44,6 @@ from flax_transformer.training.checkpoint import (
     is_disk_full,
 )
 from flax_transformer.training.classification import LabelChoice, evaluate_classifier, scores_of
-from flax_transformer.training.data import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
@@ -61,7 +62,6 @@ from flax_transformer.training.sharding import check_config_fits, make_mesh, sha
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
 from flax_transformer.training.tensorboard_log import TensorBoardLog
-from flax_transformer.training.token_batches import batch_shapes
 
 
 class TrainingError(RuntimeError):
