@@ -138,6 +138,21 @@ def test_an_unknown_validation_label_is_named_before_anything_is_written(importe
     assert not workdir.exists()
 
 
+def test_a_training_file_with_one_label_is_refused_naming_it(imported, capsys):
+    """One label would train a "classifier" answering it with probability 1 (and transformers
+    reads an exported num_labels=1 as regression): refused before anything is written."""
+    root, run = imported
+    single = root / "single.tsv"
+    single.write_text("w0 w11\tred\nw1 w12\tred\nw2 w13\tred\n")
+    workdir = root / "one_label"
+    argv = ["--task", "classify", "--init-from", str(run), "--train-tsv", str(single)]
+    assert train.main([*argv, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{single}: a classifier needs at least 2 labels" in err
+    assert "only the label 'red'" in err
+    assert not workdir.exists()
+
+
 def test_classify_refuses_a_run_without_a_classifier(imported, capsys):
     _, run = imported  # a bare BertModel
     assert classify_main(["--workdir", str(run)]) == 2

@@ -155,6 +155,25 @@ BAD_CONFIGS = [
         setter(activation_function=None),
         "activation_function: must be a string, got null",
     ),
+    # Labels: transformers builds the head from one key while the weights follow the other.
+    (
+        "num_labels disagreeing with id2label",
+        "bart",
+        setter(num_labels=3, id2label={"0": "a", "1": "b"}),
+        "num_labels: 3 disagrees with id2label, which names 2 labels (make them agree)",
+    ),
+    (
+        "id2label keys that are not class ids",
+        "bart",
+        setter(id2label={"zero": "a", "one": "b"}),
+        "id2label: keys must be class ids (integers), got the string 'zero'",
+    ),
+    (
+        "id2label with a gap",
+        "bart",
+        setter(id2label={"0": "a", "2": "b"}),
+        "id2label: class ids must be 0..1, got [0, 2]",
+    ),
 ]
 
 # (name, config edit) that gave tracebacks before these checks

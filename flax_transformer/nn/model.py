@@ -26,7 +26,8 @@ from flax_transformer.nn.layers import (
     with_axes,
 )
 from flax_transformer.nn.token_ids import check_same_batch, check_token_ids
-from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
+from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ
 
 
 def check_tokens(name: str, tokens: jax.Array, max_len: int, vocab: int | None = None) -> None:
@@ -310,6 +311,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, SEQ2SEQ)  # no decoder: an output that ignores the source
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.tgt_embed_table = self.shared_embed
@@ -425,6 +427,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, LM)
         self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
         self._setup_positions(cfg, with_source=False)
         if cfg.embed_norm:
@@ -476,6 +479,7 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, ENCODER)
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.shared_embed
