@@ -154,7 +154,7 @@ def test_layers_a_model_kind_needs():
         ("Transformer", "num_decoder_layers", "a seq2seq model needs num_decoder_layers >= 1"),
         ("Transformer", "num_encoder_layers", "a seq2seq model needs num_encoder_layers >= 1"),
         ("TransformerLM", "num_decoder_layers", "a decoder-only LM needs num_decoder_layers >= 1"),
-        ("TransformerEncoder", "num_encoder_layers", "a bare encoder needs num_encoder_layers >= 1"),
+        ("TransformerEncoder", "num_encoder_layers", "a bare encoder needs num_encoder_layers"),
     ],
 )
 def test_the_python_api_refuses_a_model_without_the_layers_it_needs(model, layers, message):
