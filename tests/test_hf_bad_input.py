@@ -303,6 +303,25 @@ def test_ftx_hf_import_refuses_with_exit_2_and_writes_nothing(
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
 
 
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"not json{", "tokenizer.json: not valid JSON (Expecting value at line 1 column 1)"),
+        (b'{"model": 1', "tokenizer.json: not valid JSON (Expecting ',' delimiter at line 1"),
+    ],
+    ids=["not JSON", "cut short"],
+)
+def test_a_tokenizer_file_that_is_not_json_is_named(saved, tmp_path, capsys, content, expected):
+    """transformers' own JSON error names no file: the import names it, exit 2."""
+    path = copy_with(saved["marian"], tmp_path / "model")
+    (path / "tokenizer.json").write_bytes(content)
+    run = tmp_path / "run"
+    assert ftx(["hf", "import", str(path), "--workdir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}/{expected}" in err and "Traceback" not in err, err
+    assert not run.exists()
+
+
 def test_the_command_line_surface(saved, tmp_path):
     """`python -m flax_transformer.cli hf import` as a user runs it: exit 2, the file and key."""
     path = copy_with(saved["marian"], tmp_path / "model", config=setter(d_model="24"))
