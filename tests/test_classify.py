@@ -17,6 +17,7 @@ import torch
 
 import train
 from flax_transformer.cli.classify import main as classify_main
+from flax_transformer.cli.score import main as score_main
 from flax_transformer.hf.__main__ import main as hf_main
 from flax_transformer.training import classification
 from flax_transformer.training.data import DataError, Pair
@@ -153,6 +154,14 @@ def test_a_training_file_with_one_label_is_refused_naming_it(imported, capsys):
     assert not workdir.exists()
 
 
+def test_score_says_an_encoder_run_is_not_scored_here(imported, capsys):
+    root, run = imported  # a bare BertModel: an encoder run, as a classifier run is
+    assert score_main(["--workdir", str(run), "--test-tsv", str(root / "valid.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {run} is an encoder run; `ftx score` scores translation" in err, err
+    assert "Traceback" not in err
+
+
 def test_classify_refuses_a_run_without_a_classifier(imported, capsys):
     _, run = imported  # a bare BertModel
     assert classify_main(["--workdir", str(run)]) == 2
@@ -193,6 +202,13 @@ def test_fine_tune_export_and_transformers_predict_the_same(imported, tmp_path, 
     assert "resumed from step 150" in capsys.readouterr().out
     resumed = json.loads((workdir / "results.json").read_text())
     assert resumed["steps"] == 160 and resumed["accuracy"] >= 0.95
+
+    # `ftx score` says what a classifier run is and what to use (it was an array-shape error).
+    capsys.readouterr()
+    assert score_main(["--workdir", str(workdir), "--test-tsv", str(root / "valid.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{workdir} is a sequence classifier run; `ftx score` scores translation" in err
+    assert "`ftx classify --workdir RUN --input FILE`" in err
 
     assert hf_main(["export", str(workdir), str(tmp_path / "hf")]) == 0
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
