@@ -196,6 +196,10 @@ BAD_JSONL = [
     ('{"source": "a", "target": "b"}\n{"text": "c"}\n', 'line 2: expected "source" and "target"'),
     ('{"source": "", "target": "b"}\n', 'line 1: empty "source"'),
     ("\n\n", "the file is empty"),
+    ('{"source": "a", "target": "b"}\n{"source": "x\\ud800", "target": "b"}\n',
+     "line 2: \"source\" holds a lone surrogate '\\ud800' (character 2), which is not text"),
+    ('{"source": "a", "target": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n",
+     "line 2: JSON nested too deeply to read"),
 ]  # fmt: skip
 
 

@@ -59,6 +59,8 @@ def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:  # bad input (exit 2), not a failed run
+        raise DataError(f"{where}: JSON nested too deeply to read") from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
     found = LM if "text" in record and "source" not in record else SEQ2SEQ
@@ -76,6 +78,13 @@ def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
             raise DataError(f'{where}: "{field}" must be a string, got {_json_type(value)}')
         if not value.strip():
             raise DataError(f'{where}: empty "{field}"')
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:  # JSON's "\ud800" escape decodes to no character
+            raise DataError(
+                f'{where}: "{field}" holds a lone surrogate {value[err.start]!r} (character '
+                f"{err.start + 1}), which is not text"
+            ) from None
     if found == LM:
         return Pair("", record["text"], f"{path}:{number}")
     return Pair(record["source"], record["target"], f"{path}:{number}")
