@@ -216,3 +216,41 @@ def test_a_failed_staging_directory_stays_removed_when_a_late_writer_adds_to_it(
             raise OSError(28, "disk full")
     writers[0].join()
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+# Ctrl-C in a terminal reaches the whole process group: the command and its pool's workers.
+CTRL_C_MID_TOKENIZATION = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
+sys.path.insert(0, os.getcwd())
+from flax_transformer.training import token_cache
+append = token_cache._Appender.append
+def append_then_ctrl_c(self, *args):
+    append(self, *args)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+token_cache._Appender.append = append_then_ctrl_c
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # an 9 MB corpus scanned, then tokenized by a pool (about 15 s)
+def test_ctrl_c_while_a_pool_tokenizes_is_one_line(tmp_path):
+    """The pool's workers printed ~40 lines of `Process SpawnPoolWorker-N:` tracebacks on
+    Ctrl-C; now the command alone answers: one line, exit 130, nothing left, and the retry
+    works."""
+    corpus = tmp_path / "big.tsv"
+    line = "le chat noir dort sur le tapis\tthe black cat sleeps on the mat\n"
+    corpus.write_text(line * (9_500_000 // len(line)))  # above POOL_MIN_BYTES: a pool
+    workdir = tmp_path / "run"
+    argv = ["--train-tsv", corpus, "--workdir", workdir, "--steps", "1", "--max-len", "64"]
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_MID_TOKENIZATION, *map(str, argv)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "SpawnPoolWorker" not in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr[-3000:]
+    )
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert not workdir.exists() and not list(tmp_path.glob(".token_cache.partial-*"))

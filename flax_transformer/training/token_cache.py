@@ -44,8 +44,10 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -366,6 +368,22 @@ def _init_worker(settings: dict) -> None:
     _WORKER.update(settings)
 
 
+def _start_pool(workers: int, settings: dict):
+    """A spawned pool whose workers ignore SIGINT from birth: Ctrl-C reaches the whole process
+    group, and the parent alone answers it (one line, exit 130) and terminates the pool; a
+    worker that took it printed its own KeyboardInterrupt traceback (~40 lines). An ignored
+    signal stays ignored across exec, so the parent ignores it while the workers start
+    (a few milliseconds; off the main thread signals cannot be changed, and are not needed)."""
+    context = multiprocessing.get_context("spawn")
+    if threading.current_thread() is not threading.main_thread():
+        return context.Pool(workers, initializer=_init_worker, initargs=(settings,))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return context.Pool(workers, initializer=_init_worker, initargs=(settings,))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text (the tokenizer's own batch encoding when it has one)."""
     batch = getattr(tokenizer, "encode_batch", None)
@@ -483,9 +501,7 @@ def build_cache(staged: Path, scan, tokenizer, key: dict, held=(), workers=None)
             open(staged / VALID, "w") as valid,
         ):
             if workers > 1:
-                pool = multiprocessing.get_context("spawn").Pool(
-                    workers, initializer=_init_worker, initargs=(settings,)
-                )
+                pool = _start_pool(workers, settings)
                 results = pool.imap(_encode_chunk, scan.chunks)
             else:
                 _init_worker(settings)
