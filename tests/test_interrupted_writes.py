@@ -254,3 +254,40 @@ def test_ctrl_c_while_a_pool_tokenizes_is_one_line(tmp_path):
     )
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
     assert not workdir.exists() and not list(tmp_path.glob(".token_cache.partial-*"))
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A real file system with no room left: a 64 KiB tmpfs, filled (needs root, as CI has;
+    skipped elsewhere). Yields its mount point."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        with open(mount / "filler", "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow  # a training run (about 10 s)
+def test_a_full_disk_under_the_event_files_is_one_line_naming_the_file(tmp_path, full_filesystem):
+    """tensorboardX wrote from its own thread and closed from an atexit hook: a full disk
+    printed two tracebacks and a line naming no file. Now one line naming the event file."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "tensorboard").symlink_to(full_filesystem, target_is_directory=True)
+    result = run(["train.py", *TINY, "--workdir", workdir])
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_line(result)
+    events = workdir / "tensorboard" / "events.out.tfevents."
+    assert line.startswith(f"error: the disk is full: cannot write {events}"), line
+    assert "stopping. Nothing was deleted: the last good checkpoint is step 8" in line
