@@ -152,6 +152,21 @@ def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status,
     assert not workdir.exists() and leftovers(tmp_path) == []
 
 
+def test_a_stage_left_by_a_sigkill_is_removed_by_the_next_import(hf_dir, tmp_path):
+    """SIGKILL cannot be answered: the import's staging directory stays. The next command
+    staging beside it removes it (its owner process is gone), says so, and succeeds."""
+    workdir = tmp_path / "run"
+    killed = run(["-c", SIGNAL_MID_IMPORT.format(sig="SIGKILL"), "import", hf_dir,
+                  "--workdir", workdir])  # fmt: skip
+    assert killed.returncode == -9 and not workdir.exists()
+    (stage,) = leftovers(tmp_path)
+    assert stage.startswith(".run.partial-")
+    retry = run(["-m", "flax_transformer.hf", "import", hf_dir, "--workdir", workdir])
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert f"removed {tmp_path / stage}: left unfinished by a stopped run" in retry.stderr
+    assert leftovers(tmp_path) == [] and (workdir / "config.json").exists()
+
+
 SIGNAL_MID_CONVERT = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)

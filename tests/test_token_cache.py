@@ -241,9 +241,7 @@ def test_a_stage_left_by_a_killed_run_is_removed_by_the_next(tmp_path, capsys):
     (abandoned / "tgt.tokens").write_bytes(b"\0" * 64)
     live = token_cache.stage_dir(workdir)  # this process: its stage stays
     assert not abandoned.exists() and live.exists()
-    assert f"removed {abandoned}: a token cache left unfinished by a stopped run" in (
-        capsys.readouterr().out
-    )
+    assert f"removed {abandoned}: left unfinished by a stopped run" in capsys.readouterr().err
     other = token_cache.stage_dir(workdir)
     assert live.exists() and other.exists()
 

@@ -45,15 +45,14 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
 from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.files.stages import OWNER, make_stage, release_stage
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training import corpus
 from flax_transformer.training.data import (
@@ -67,7 +66,6 @@ from flax_transformer.training.run_dir import TOKEN_CACHE
 
 VERSION = 3  # 3: keyed by the corpus's bytes, each file's size and checksum in meta.json
 META = "meta.json"
-OWNER = "owner"  # in a staging directory: "host pid" of the process building it
 STAGE_PREFIX = ".token_cache.partial-"
 DIGEST_BLOCK = 1 << 20
 VALID = "valid.jsonl"
@@ -302,46 +300,7 @@ def stage_dir(workdir: Path) -> Path:
     parent = Path(workdir).absolute()
     while not parent.is_dir() and parent != parent.parent:
         parent = parent.parent
-    remove_abandoned_stages(parent)
-    staged = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=parent))
-    (staged / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    umask = os.umask(0)
-    os.umask(umask)
-    staged.chmod(0o777 & ~umask)  # mkdtemp's is private (0700); the cache gets the usual mode
-    return staged
-
-
-def remove_abandoned_stages(parent: Path) -> list[Path]:
-    """Remove the staging directories in `parent` whose building process is gone (a run
-    killed with SIGKILL leaves one, up to a copy of the tokens); one line each. A directory is
-    abandoned when its owner file names a process of this host that no longer exists, or when
-    it has no owner file and is over a minute old (a stage of an older version)."""
-    removed = []
-    for staged in Path(parent).glob(STAGE_PREFIX + "*"):
-        if staged.is_dir() and _abandoned(staged):
-            shutil.rmtree(staged, ignore_errors=True)
-            print(f"removed {staged}: a token cache left unfinished by a stopped run")
-            removed.append(staged)
-    return removed
-
-
-def _abandoned(staged: Path) -> bool:
-    try:
-        host, pid = (staged / OWNER).read_text().split()
-    except (OSError, ValueError):
-        try:
-            return time.time() - staged.stat().st_mtime > 60
-        except OSError:
-            return False
-    if host != socket.gethostname():
-        return False  # another machine's (a shared file system): not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
+    return make_stage(parent, STAGE_PREFIX)
 
 
 def install_cache(staged: Path, workdir: Path, key: dict) -> Path:
@@ -349,7 +308,7 @@ def install_cache(staged: Path, workdir: Path, key: dict) -> Path:
     caches; its new path."""
     root = Path(workdir) / TOKEN_CACHE
     root.mkdir(exist_ok=True)
-    (Path(staged) / OWNER).unlink(missing_ok=True)
+    release_stage(staged)
     target = root / key_name(key)
     if target.exists():
         shutil.rmtree(target)
