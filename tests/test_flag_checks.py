@@ -148,6 +148,29 @@ def test_layers_a_model_kind_needs():
         check_config_for_kind(no_encoder, "seq2seq")
 
 
+@pytest.mark.parametrize(
+    "model, layers, message",
+    [
+        ("Transformer", "num_decoder_layers", "a seq2seq model needs num_decoder_layers >= 1"),
+        ("Transformer", "num_encoder_layers", "a seq2seq model needs num_encoder_layers >= 1"),
+        ("TransformerLM", "num_decoder_layers", "a decoder-only LM needs num_decoder_layers >= 1"),
+        ("TransformerEncoder", "num_encoder_layers", "a bare encoder needs num_encoder_layers"),
+    ],
+)
+def test_the_python_api_refuses_a_model_without_the_layers_it_needs(model, layers, message):
+    """Through the Python API too (the command line refused it already): a seq2seq model
+    with no decoder layers would otherwise build a decoder that never reads its source."""
+    import jax
+
+    import flax_transformer
+
+    module = getattr(flax_transformer, model)(TransformerConfig(**{layers: 0}))
+    tokens = np.ones((1, 3), np.int32)
+    inputs = (tokens, tokens) if model == "Transformer" else (tokens,)
+    with pytest.raises(ValueError, match=message):
+        module.init(jax.random.PRNGKey(0), *inputs)
+
+
 # ----------------------------------------------------------------------------- train
 def train_main(argv, capsys):
     code = train.main(argv)

@@ -152,6 +152,21 @@ def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status,
     assert not workdir.exists() and leftovers(tmp_path) == []
 
 
+def test_a_stage_left_by_a_sigkill_is_removed_by_the_next_import(hf_dir, tmp_path):
+    """SIGKILL cannot be answered: the import's staging directory stays. The next command
+    staging beside it removes it (its owner process is gone), says so, and succeeds."""
+    workdir = tmp_path / "run"
+    killed = run(["-c", SIGNAL_MID_IMPORT.format(sig="SIGKILL"), "import", hf_dir,
+                  "--workdir", workdir])  # fmt: skip
+    assert killed.returncode == -9 and not workdir.exists()
+    (stage,) = leftovers(tmp_path)
+    assert stage.startswith(".run.partial-")
+    retry = run(["-m", "flax_transformer.hf", "import", hf_dir, "--workdir", workdir])
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert f"removed {tmp_path / stage}: left unfinished by a stopped run" in retry.stderr
+    assert leftovers(tmp_path) == [] and (workdir / "config.json").exists()
+
+
 SIGNAL_MID_CONVERT = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
@@ -216,3 +231,78 @@ def test_a_failed_staging_directory_stays_removed_when_a_late_writer_adds_to_it(
             raise OSError(28, "disk full")
     writers[0].join()
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+# Ctrl-C in a terminal reaches the whole process group: the command and its pool's workers.
+CTRL_C_MID_TOKENIZATION = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
+sys.path.insert(0, os.getcwd())
+from flax_transformer.data import token_cache
+append = token_cache._Appender.append
+def append_then_ctrl_c(self, *args):
+    append(self, *args)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+token_cache._Appender.append = append_then_ctrl_c
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # an 9 MB corpus scanned, then tokenized by a pool (about 15 s)
+def test_ctrl_c_while_a_pool_tokenizes_is_one_line(tmp_path):
+    """The pool's workers printed ~40 lines of `Process SpawnPoolWorker-N:` tracebacks on
+    Ctrl-C; now the command alone answers: one line, exit 130, nothing left, and the retry
+    works."""
+    corpus = tmp_path / "big.tsv"
+    line = "le chat noir dort sur le tapis\tthe black cat sleeps on the mat\n"
+    corpus.write_text(line * (9_500_000 // len(line)))  # above POOL_MIN_BYTES: a pool
+    workdir = tmp_path / "run"
+    argv = ["--train-tsv", corpus, "--workdir", workdir, "--steps", "1", "--max-len", "64"]
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_MID_TOKENIZATION, *map(str, argv)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "SpawnPoolWorker" not in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr[-3000:]
+    )
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert not workdir.exists() and not list(tmp_path.glob(".token_cache.partial-*"))
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A real file system with no room left: a 64 KiB tmpfs, filled (needs root, as CI has;
+    skipped elsewhere). Yields its mount point."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        with open(mount / "filler", "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow  # a training run (about 10 s)
+def test_a_full_disk_under_the_event_files_is_one_line_naming_the_file(tmp_path, full_filesystem):
+    """tensorboardX wrote from its own thread and closed from an atexit hook: a full disk
+    printed two tracebacks and a line naming no file. Now one line naming the event file."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "tensorboard").symlink_to(full_filesystem, target_is_directory=True)
+    result = run(["train.py", *TINY, "--workdir", workdir])
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_line(result)
+    events = workdir / "tensorboard" / "events.out.tfevents."
+    assert line.startswith(f"error: the disk is full: cannot write {events}"), line
+    assert "stopping. Nothing was deleted: the last good checkpoint is step 8" in line

@@ -104,6 +104,13 @@ def read_test_set(args, run):
         read_tsv,
     )
 
+    if run.model_kind == "encoder":  # a classifier's test set is labels, not translations
+        what = "a sequence classifier" if run.config.head.startswith("sequence") else "an encoder"
+        raise ValueError(
+            f"{args.workdir} is {what} run; `ftx score` scores translation and language-model "
+            "runs. Label a test set with `ftx classify --workdir RUN --input FILE` (a "
+            "classifier's accuracy and macro-F1 are in its training log, valid_* lines)"
+        )
     if args.test_text is not None:
         if run.model_kind != "lm":
             raise ValueError(f"{args.workdir} is a {run.model_kind} run; give --test-tsv")

@@ -298,13 +298,20 @@ def check_token_budget(options, config) -> None:
     if options.batch_tokens is None:
         return
     from flax_transformer.data.pipeline import bucket_boundaries
-    from flax_transformer.data.token_batches import batch_shapes
+    from flax_transformer.data.token_batches import (
+        available_memory,
+        batch_shapes,
+        check_budget_fits,
+    )
     from flax_transformer.training.sharding import parse_mesh
 
     data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
     shapes = batch_shapes(
         options.batch_tokens, bucket_boundaries(config.max_len), options.grad_accum * data
     )
+    # A micro-batch (--grad-accum) is what one step holds at a time.
+    micro = [(rows // options.grad_accum, length) for rows, length in shapes]
+    check_budget_fits(options.batch_tokens, micro, config.tgt_vocab_size, available_memory())
     print(
         f"--batch-tokens {options.batch_tokens}: {len(shapes)} batch shapes (rows x length) "
         + ", ".join(f"{rows}x{length}" for rows, length in shapes)

@@ -28,6 +28,7 @@ class ClassifyInput:
     def __init__(self, args, workdir: Path):
         self.args, self.workdir = args, Path(workdir)
         self.train_pairs = classification.read_labelled_tsv(args.train_tsv)
+        classification.check_two_labels(self.train_pairs, args.train_tsv)
         self.valid_pairs = None
         if args.valid_tsv:
             self.valid_pairs = classification.read_labelled_tsv(args.valid_tsv)

@@ -6,6 +6,7 @@ and read from it lazily; --resume reuses the cache. The built-in tasks stay in m
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from flax_transformer.data import corpus, token_cache
@@ -89,7 +90,17 @@ class CorpusInput:
         self.key = token_cache.cache_key(
             self.path, self.fmt, self.kind, sha, max_len, on_long, holdout
         )
-        directory = token_cache.find_cache(workdir, self.key)
+        try:
+            directory = token_cache.find_cache(workdir, self.key)
+        except token_cache.DamagedCache as err:
+            if not primary:
+                raise
+            print(f"warning: {err}; it is rebuilt", file=sys.stderr)
+            directory = None
+        if directory is not None:
+            print(
+                f"reusing the token cache {directory} (the same {self.path}, tokenizer and max_len)"
+            )
         if directory is None:
             if not primary:
                 raise ValueError(

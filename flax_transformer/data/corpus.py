@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +61,8 @@ def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:  # bad input (exit 2), not a failed run
+        raise DataError(f"{where}: JSON nested too deeply to read") from None
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
     found = LM if "text" in record and "source" not in record else SEQ2SEQ
@@ -76,6 +80,13 @@ def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
             raise DataError(f'{where}: "{field}" must be a string, got {_json_type(value)}')
         if not value.strip():
             raise DataError(f'{where}: empty "{field}"')
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:  # JSON's "\ud800" escape decodes to no character
+            raise DataError(
+                f'{where}: "{field}" holds a lone surrogate {value[err.start]!r} (character '
+                f"{err.start + 1}), which is not text"
+            ) from None
     if found == LM:
         return Pair("", record["text"], f"{path}:{number}")
     return Pair(record["source"], record["target"], f"{path}:{number}")
@@ -93,6 +104,7 @@ def parse_line(fmt: str, path, number: int, line: str, kind: str | None = None) 
 def raw_lines(path, fmt: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
     """The raw lines (newline kept) of bytes [start, end) of a file, read as a stream;
     start and end must fall on line boundaries. DataError when the file cannot be read."""
+    check_regular_file(path, fmt)
     try:
         with open(path, "rb") as handle:
             handle.seek(start)
@@ -105,6 +117,21 @@ def raw_lines(path, fmt: str, start: int = 0, end: int | None = None) -> Iterato
                 yield raw
     except OSError as err:
         raise DataError(f"{WHAT[fmt]} {path}: cannot read ({err.strerror or err})") from None
+
+
+def check_regular_file(path, fmt: str) -> None:
+    """A corpus must be a file: it is read more than once (its kind, the check, then the
+    tokenization in parallel chunks) and its token cache is keyed by its bytes. A DataError
+    for a pipe or a process substitution (`<(cat ...)`), which can be read only once."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as err:
+        raise DataError(f"{WHAT[fmt]} {path}: cannot read ({err.strerror or err})") from None
+    if not regular:
+        raise DataError(
+            f"{WHAT[fmt]} {path} is a pipe or device, not a file: a corpus is read more than "
+            "once; write it to a file first (e.g. `cat ... > corpus.tsv`)"
+        )
 
 
 def decode(fmt: str, path, number: int, raw: bytes) -> str:

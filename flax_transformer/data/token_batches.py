@@ -41,6 +41,43 @@ def batch_shapes(batch_tokens: int, bounds, multiple: int = 1) -> list[tuple[int
     return [(rows_for(length, batch_tokens, multiple), length) for length in bounds]
 
 
+def logits_bytes(shapes, vocab_size: int, itemsize: int = 4) -> int:
+    """The bytes of the largest batch's logits, rows x length x vocabulary: a lower bound on
+    what one step of a batch shape holds (the activations come on top)."""
+    return max(rows * length for rows, length in shapes) * vocab_size * itemsize
+
+
+def available_memory() -> int | None:
+    """The bytes this machine can still give (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_budget_fits(batch_tokens: int, shapes, vocab_size: int, available: int | None) -> None:
+    """BatchTokensError when the largest batch's logits alone need more than `available`
+    bytes: a budget far above the data used to fail with a MemoryError minutes later, after
+    the run directory was made. The message gives the most that could fit."""
+    if available is None:
+        return
+    need = logits_bytes(shapes, vocab_size)
+    if need <= available:
+        return
+    rows, length = max(shapes, key=lambda shape: shape[0] * shape[1])
+    most = available // (vocab_size * 4)
+    raise BatchTokensError(
+        f"--batch-tokens {batch_tokens}: a batch of {rows} rows x {length} tokens needs "
+        f"{need / 2**30:.1f} GiB for its logits alone ({vocab_size} float32 scores a token); "
+        f"this machine has {available / 2**30:.1f} GiB available: use at most {most} "
+        "(the paper used about 25000)"
+    )
+
+
 def plan_token_batches(lengths: np.ndarray, batch_tokens: int, bounds, rng=None, multiple=1):
     """[(bucket_len, rows, example indices)] covering every example once; `lengths` (examples,)
     as Dataset.lengths(), `bounds` the bucket lengths (data.bucket_boundaries). A batch of

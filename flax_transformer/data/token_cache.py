@@ -13,8 +13,9 @@ Format. One directory per (corpus, tokenizer, length policy), under the run dire
     lines        int64, N: each example's line in the corpus (for messages)
     lengths      int32, N: each example's longest sequence (what plan_batches buckets by)
     valid.jsonl  the held-out validation records, when no validation file was given
-    meta.json    the key, the counts, the largest token id and the length-policy warning;
-                 written last
+    meta.json    the key, the counts, the largest token id, the length-policy warning and
+                 each file's size and blake2b checksum; written last. A cache whose files
+                 differ from the record is never read (find_cache: DamagedCache)
 
 Why raw numpy files (read with os.pread) rather than Arrow, HDF5 or one .npy per example:
 the loader needs random access to single rows (the epoch plan shuffles), a row is one
@@ -24,11 +25,11 @@ with sequential appends while streaming, and numpy is already a dependency. The 
 memory of a run therefore does not grow with the corpus, apart from the per-example length
 array that plan_batches needs (a few bytes per example).
 
-Key. The corpus file (resolved path, size, mtime), the sha256 of the tokenizer file exactly
-as the run directory stores it, max_len, on_long, the model kind, the format version and, when
-validation records are held out of the file, the seed and the hold-out rule. Any change makes
-a new directory (and the old one is removed when the new one is installed); --resume finds
-the same key, so it never tokenizes again.
+Key. The corpus file (resolved path, size, blake2b of its bytes), the sha256 of the tokenizer
+file exactly as the run directory stores it, max_len, on_long, the model kind, the format
+version and, when validation records are held out of the file, the seed and the hold-out rule.
+Any change makes a new directory (and the old one is removed when the new one is installed);
+--resume finds the same key, so it never tokenizes again.
 
 Writing is all or nothing: the cache is built in a staging directory beside the run directory
 (the run directory itself is made only once all input has been read and checked), and renamed
@@ -44,7 +45,9 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +61,15 @@ from flax_transformer.data.pipeline import (
     warn_long_pairs,
 )
 from flax_transformer.files.atomic_io import atomic_write_text
+from flax_transformer.files.stages import OWNER, make_stage, release_stage
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 
 # The cache's folder in a run directory (training/run_dir.py lists it with the other names).
 TOKEN_CACHE = "token_cache"
-VERSION = 2
+VERSION = 3  # 3: keyed by the corpus's bytes, each file's size and checksum in meta.json
 META = "meta.json"
+STAGE_PREFIX = ".token_cache.partial-"
+DIGEST_BLOCK = 1 << 20
 VALID = "valid.jsonl"
 POOL_MIN_BYTES = 8 << 20  # a smaller corpus is encoded in the parent (a pool costs ~1 s)
 
@@ -203,11 +209,10 @@ def tokenizer_fingerprint(tokenizer, saved: Path | None = None) -> str:
 def cache_key(path, fmt, kind, tokenizer_sha, max_len, on_long, holdout=None) -> dict:
     """What a cache depends on (see the module docstring); `holdout`: {"seed", "fraction",
     "cap"} when validation records are held out of the file."""
-    stat = Path(path).stat()
     return {
         "version": VERSION,
-        "input": {"path": str(Path(path).resolve()), "size": stat.st_size,
-                  "mtime_ns": stat.st_mtime_ns, "format": fmt},
+        "input": {"path": str(Path(path).resolve()), "size": Path(path).stat().st_size,
+                  "blake2b": file_digest(path), "format": fmt},
         "tokenizer_sha256": tokenizer_sha,
         "max_len": int(max_len),
         "on_long": on_long if kind == SEQ2SEQ else None,
@@ -216,20 +221,70 @@ def cache_key(path, fmt, kind, tokenizer_sha, max_len, on_long, holdout=None) ->
     }  # fmt: skip
 
 
+def file_digest(path) -> str:
+    """blake2b (16 bytes, hex) of a file's bytes, read in blocks: what keys a corpus's cache
+    (a file rewritten with its size and mtime put back is still a new key) and checks each
+    cache file. About 1 GB/s on one core."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(DIGEST_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def key_name(key: dict) -> str:
     """The cache directory's name for `key`: train-<16 hex digits of its sha256>."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return f"train-{digest[:16]}"
 
 
+class DamagedCache(ValueError):
+    """A cache directory whose files are not those its meta.json recorded (cut short,
+    changed): never read; the message names the directory and the first bad file."""
+
+
 def find_cache(workdir: Path, key: dict) -> Path | None:
-    """The complete cache directory of `key` in the run directory, or None."""
+    """The complete cache directory of `key` in the run directory, or None; DamagedCache when
+    it is there but a file's size or checksum is not what was written (check_files)."""
     directory = Path(workdir) / TOKEN_CACHE / key_name(key)
     try:
         meta = json.loads((directory / META).read_text())
     except (OSError, ValueError):
         return None
-    return directory if meta.get("key") == key else None
+    if not isinstance(meta, dict) or meta.get("key") != key:
+        return None
+    problem = file_problem(directory, meta.get("files"))
+    if problem:
+        raise DamagedCache(f"the token cache {directory} is damaged ({problem})")
+    return directory
+
+
+def file_record(directory: Path) -> dict:
+    """{file name: {"bytes", "blake2b"}} of every file of a built cache except meta.json."""
+    return {
+        path.name: {"bytes": path.stat().st_size, "blake2b": file_digest(path)}
+        for path in sorted(Path(directory).iterdir())
+        if path.name not in (META, OWNER)
+    }
+
+
+def file_problem(directory: Path, recorded) -> str | None:
+    """What differs between the files of `directory` and their record in meta.json (sizes
+    first: cheap), or None."""
+    if not isinstance(recorded, dict) or not recorded:
+        return "meta.json records no file sizes and checksums"
+    for name, want in recorded.items():
+        path = Path(directory) / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != want.get("bytes"):
+            return f"{name} has {size} bytes, {want.get('bytes')} were written"
+    for name, want in recorded.items():
+        if file_digest(Path(directory) / name) != want.get("blake2b"):
+            return f"{name} does not match its checksum"
+    return None
 
 
 def read_valid(directory: Path) -> list[Pair]:
@@ -247,11 +302,7 @@ def stage_dir(workdir: Path) -> Path:
     parent = Path(workdir).absolute()
     while not parent.is_dir() and parent != parent.parent:
         parent = parent.parent
-    staged = Path(tempfile.mkdtemp(prefix=".token_cache.partial-", dir=parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staged.chmod(0o777 & ~umask)  # mkdtemp's is private (0700); the cache gets the usual mode
-    return staged
+    return make_stage(parent, STAGE_PREFIX)
 
 
 def install_cache(staged: Path, workdir: Path, key: dict) -> Path:
@@ -259,6 +310,7 @@ def install_cache(staged: Path, workdir: Path, key: dict) -> Path:
     caches; its new path."""
     root = Path(workdir) / TOKEN_CACHE
     root.mkdir(exist_ok=True)
+    release_stage(staged)
     target = root / key_name(key)
     if target.exists():
         shutil.rmtree(target)
@@ -275,6 +327,22 @@ _WORKER = {}  # the pool worker's tokenizer and settings (set once by _init_work
 
 def _init_worker(settings: dict) -> None:
     _WORKER.update(settings)
+
+
+def _start_pool(workers: int, settings: dict):
+    """A spawned pool whose workers ignore SIGINT from birth: Ctrl-C reaches the whole process
+    group, and the parent alone answers it (one line, exit 130) and terminates the pool; a
+    worker that took it printed its own KeyboardInterrupt traceback (~40 lines). An ignored
+    signal stays ignored across exec, so the parent ignores it while the workers start
+    (a few milliseconds; off the main thread signals cannot be changed, and are not needed)."""
+    context = multiprocessing.get_context("spawn")
+    if threading.current_thread() is not threading.main_thread():
+        return context.Pool(workers, initializer=_init_worker, initargs=(settings,))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return context.Pool(workers, initializer=_init_worker, initargs=(settings,))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -394,9 +462,7 @@ def build_cache(staged: Path, scan, tokenizer, key: dict, held=(), workers=None)
             open(staged / VALID, "w") as valid,
         ):
             if workers > 1:
-                pool = multiprocessing.get_context("spawn").Pool(
-                    workers, initializer=_init_worker, initargs=(settings,)
-                )
+                pool = _start_pool(workers, settings)
                 results = pool.imap(_encode_chunk, scan.chunks)
             else:
                 _init_worker(settings)
@@ -422,7 +488,8 @@ def build_cache(staged: Path, scan, tokenizer, key: dict, held=(), workers=None)
         raise no_pair_fits(scan.path, scan.count - len(held), max_len)
     max_id = max(a.max_id for a in appenders.values())
     meta = {"key": key, "examples": examples, "records": scan.count, "held_out": len(held),
-            "max_id": max_id, "long_count": long_count}  # fmt: skip
+            "max_id": max_id, "long_count": long_count,
+            "files": file_record(staged)}  # fmt: skip
     atomic_write_text(staged / META, json.dumps(meta, indent=2) + "\n")
     return meta
 

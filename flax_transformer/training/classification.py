@@ -42,6 +42,18 @@ def read_labelled_tsv(path: str | Path) -> list[Pair]:
     return [dataclasses.replace(pair, target=pair.target.strip()) for pair in pairs]
 
 
+def check_two_labels(pairs: list[Pair], path: str | Path) -> None:
+    """A training file names at least two labels, or a DataError naming it: a one-label
+    "classifier" would answer that label with probability 1 whatever the text, and exported,
+    transformers reads num_labels=1 as a regression head."""
+    labels = {pair.target for pair in pairs}
+    if len(labels) < 2:
+        found = f"only the label {next(iter(labels))!r}" if labels else "no labels"
+        raise DataError(
+            f"{path}: a classifier needs at least 2 labels in its training file; found {found}"
+        )
+
+
 # ----------------------------------------------------------------------------- the labels
 @dataclasses.dataclass(frozen=True)
 class LabelChoice:

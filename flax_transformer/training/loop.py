@@ -326,13 +326,14 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     finally:
         profiler.stop()
         if tensorboard is not None:  # a crashed run's events are on disk; a resume purges them
-            tensorboard.flush()
+            tensorboard.flush(quietly=True)  # (on an error path, that error is the one said)
         bar.close()
         close_checkpoints(checkpointer, quietly=interrupt is not None)
         if interrupt is not None and best_checkpointer is not None:
             close_checkpoints(best_checkpointer, quietly=True)
     if interrupt is not None:
         raise interrupted(interrupt, at, _last(checkpointer), workdir) from None
+    check_event_file(tensorboard, checkpointer, metrics_path)
     stats = {
         "steps_trained": int(state.step) - start_step,  # 0: a --resume of a finished run
         "tokens_per_sec": tokens / max(train_time, 1e-9),
@@ -342,7 +343,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     }
     best = (tracker, best_checkpointer)
     try:
-        return finish(
+        results = finish(
             job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start,
             log, best,
         )  # fmt: skip
@@ -354,9 +355,22 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         raise write_failed(err, checkpointer, metrics_path) from None
     finally:
         if tensorboard is not None:
-            tensorboard.close()
+            tensorboard.close()  # quietly: a failed last flush is said below
         if best_checkpointer is not None:
             best_checkpointer.close()
+    check_event_file(tensorboard, checkpointer, metrics_path)
+    return results
+
+
+def check_event_file(tensorboard: TensorBoardLog | None, checkpointer, metrics_path) -> None:
+    """The run's one-line error for an event-file write that failed quietly (a flush on the
+    way out), as for any other write of the run."""
+    failure = tensorboard.failure if tensorboard is not None else None
+    if failure is None:
+        return
+    if is_disk_full(failure):
+        raise write_failed(failure, checkpointer, metrics_path) from None
+    raise failure
 
 
 def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
