@@ -32,7 +32,6 @@ from tqdm import tqdm
 
 from flax_transformer.data.pipeline import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.data.token_batches import batch_shapes
-from flax_transformer.files.space import out_of_space_message
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import SEQ2SEQ
@@ -51,7 +50,12 @@ from flax_transformer.training.evaluation import (
     evaluate_loss,
 )
 from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
-from flax_transformer.training.interrupts import interrupted
+from flax_transformer.training.interrupts import (  # noqa: F401  (TrainingError: its old home)
+    TrainingError,
+    check_event_file,
+    interrupted,
+    write_failed,
+)
 from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_confusion, plot_curves
@@ -62,10 +66,6 @@ from flax_transformer.training.sharding import check_config_fits, make_mesh, sha
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
 from flax_transformer.training.tensorboard_log import TensorBoardLog
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. the loss became NaN); checkpoints already saved are kept."""
 
 
 @dataclasses.dataclass
@@ -362,17 +362,6 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     return results
 
 
-def check_event_file(tensorboard: TensorBoardLog | None, checkpointer, metrics_path) -> None:
-    """The run's one-line error for an event-file write that failed quietly (a flush on the
-    way out), as for any other write of the run."""
-    failure = tensorboard.failure if tensorboard is not None else None
-    if failure is None:
-        return
-    if is_disk_full(failure):
-        raise write_failed(failure, checkpointer, metrics_path) from None
-    raise failure
-
-
 def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
     """Let the save in flight finish, then delete what a save cut short left (Orbax's temporary
     directories); `quietly`: a run already stopping (Ctrl-C) says that, not a failed save."""
@@ -388,36 +377,6 @@ def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
 def _last(checkpointer: Checkpointer) -> int | None:
     steps = checkpointer.finished_steps()
     return steps[-1] if steps else None
-
-
-def write_failed(err: Exception, checkpointer, metrics_path: Path) -> TrainingError:
-    """The run stops: metrics.jsonl is cut back to the last good checkpoint (what --resume
-    continues from), and one message says what happened (a full disk: which path) and what is
-    kept. `err`: a CheckpointWriteError, or an OSError of any other write."""
-    try:
-        checkpointer.wait()  # a save in flight (an earlier step's) counts once it is complete
-    except CheckpointWriteError:
-        pass  # it was cut short too: the step before is the last good one
-    steps = checkpointer.finished_steps()
-    last = steps[-1] if steps else 0
-    if isinstance(err, CheckpointWriteError):
-        path = checkpointer.directory / str(err.step)
-        full = err.disk_full
-    else:
-        path, full = err.filename or "a file of the run", True  # (only out-of-space comes here)
-    what = out_of_space_message(err.__cause__ or err, path) if full else str(err)
-    try:
-        truncate_metrics(metrics_path, last)
-        metrics = f"metrics.jsonl now ends at step {last}"
-    except OSError as write_err:
-        metrics = f"metrics.jsonl could not be cut back ({write_err.strerror or write_err})"
-    again = "there is space" if full else "the directory is writable"
-    kept = (
-        f"the last good checkpoint is step {last} (continue from it with --resume once {again})"
-        if steps
-        else "no checkpoint was saved before"
-    )
-    return TrainingError(f"{what}; stopping. Nothing was deleted: {kept}; {metrics}.")
 
 
 def cap_validation(job: Job) -> Job:
