@@ -74,10 +74,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if first == "train" and process_entry:  # before JAX loads (training/host_memory.py)
-        from flax_transformer.training.host_memory import reexec_with_tuned_malloc
-
-        reexec_with_tuned_malloc()
     from flax_transformer.files.settings import SettingError
     from flax_transformer.kernels.switches import KERNELS
 
@@ -85,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if first == "train" and process_entry:  # before JAX loads (training/host_memory.py)
+        from flax_transformer.training.host_memory import reexec_with_tuned_malloc
+
+        reexec_with_tuned_malloc()
     module = importlib.import_module(COMMANDS[first][0])
     try:
         code = module.main(rest)
