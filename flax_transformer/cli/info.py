@@ -19,6 +19,7 @@ from flax_transformer.files.interruptions import one_line_failures
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The info flags (--json)."""
     parser = argparse.ArgumentParser(
         prog="ftx info",
         description="Print the version, the JAX backend and devices, the CPU's vector "

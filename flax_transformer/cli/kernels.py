@@ -25,6 +25,7 @@ from flax_transformer.files.interruptions import one_line_failures
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """`build` and its flags; argparse errors (exit 2) for anything else."""
     parser = argparse.ArgumentParser(
         prog="ftx kernels",
         description="Build the native kernels (C++, jax.ffi) into the kernel cache, once.",

@@ -68,10 +68,12 @@ def library_path(lib: Library) -> Path:
 
 
 def manifest_path(library: Path) -> Path:
+    """The manifest beside a library: the same name, .json."""
     return library.with_suffix(".json")
 
 
 def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, as hex."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

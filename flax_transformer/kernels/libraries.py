@@ -27,6 +27,7 @@ class Library:
 
     @property
     def source_path(self) -> Path:
+        """The C++ source in this room."""
         return HERE / self.source
 
 

@@ -49,6 +49,7 @@ class Switch:
 
     @property
     def choices(self) -> tuple[str, ...]:
+        """The values the variable takes: auto, xla, then each build's name."""
         return ("auto", "xla", *(value for value, _ in self.builds))
 
     def value(self) -> str:
