@@ -65,7 +65,7 @@ def test_cpu_without_avx512_or_avx2_falls_back_or_says_why(monkeypatch):
 
 
 @pytest.mark.skipif(
-    cpu.missing_flags(("avx2", "fma")) or load.load("f32_packed_avx2")[1],
+    bool(cpu.missing_flags(("avx2", "fma")) or load.load("f32_packed_avx2")[1]),
     reason="the AVX2 build does not run",
 )
 def test_auto_takes_avx2_without_avx512(monkeypatch):
