@@ -11,6 +11,7 @@ saying why, never an exception: the library calls then run XLA's own operations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,24 +75,47 @@ def build(lib: Library, *, force: bool = False) -> BuildResult:
     start = time.perf_counter()
     try:
         entry.path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=entry.path.parent, prefix=".build-") as tmp:
-            built = Path(tmp) / entry.path.name
-            why = _compile(compiler_path, lib, built)
-            if why is not None:
-                return BuildResult(lib.name, "failed", why=why)
-            record = cache.manifest_record(
-                lib, built, compiler_path, _compiler_version(compiler_path)
-            )
-            manifest = cache.manifest_path(built)
-            manifest.write_text(json.dumps(record, indent=1) + "\n")
-            os.replace(built, entry.path)
-            os.replace(manifest, cache.manifest_path(entry.path))
+        with _one_builder(entry.path.parent):
+            if not force and cache.check(lib).state == "ok":  # built meanwhile by another
+                return BuildResult(lib.name, "present", entry.path)
+            return _build_in(entry.path, lib, compiler_path, start)
     except OSError as err:
         where = err.filename or entry.path.parent
         return BuildResult(
             lib.name, "failed", why=f"cannot write the kernel cache {where}: {err.strerror or err}"
         )
-    return BuildResult(lib.name, "built", entry.path, seconds=time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _one_builder(directory: Path):
+    """Within: no other `ftx kernels build` writes in `directory` (a lock file, Linux flock);
+    two builds of one library would otherwise pair one's library with the other's manifest."""
+    with open(directory / ".build.lock", "w") as lock:
+        try:
+            import fcntl
+        except ImportError:  # not Linux: the kernels do not run there anyway
+            yield
+            return
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_in(path: Path, lib: Library, compiler_path: str, start: float) -> BuildResult:
+    """Compile into a temporary directory beside `path`, write the manifest, rename both."""
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
+        built = Path(tmp) / path.name
+        why = _compile(compiler_path, lib, built)
+        if why is not None:
+            return BuildResult(lib.name, "failed", why=why)
+        record = cache.manifest_record(lib, built, compiler_path, _compiler_version(compiler_path))
+        manifest = cache.manifest_path(built)
+        manifest.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(built, path)
+        os.replace(manifest, cache.manifest_path(path))
+    return BuildResult(lib.name, "built", path, seconds=time.perf_counter() - start)
 
 
 def _compile(compiler_path: str, lib: Library, out: Path) -> str | None:
