@@ -14,6 +14,7 @@ The cache: $FLAX_TRANSFORMER_CACHE, else $XDG_CACHE_HOME/flax_transformer, else
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -47,18 +48,31 @@ def _version(distribution: str) -> str:
         return "unknown"
 
 
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    return (("jax", _version("jax")), ("jaxlib", _version("jaxlib")))
+
+
 def toolchain_versions() -> dict[str, str]:
     """The versions a library is built against (part of its key): jax and jaxlib."""
-    return {"jax": _version("jax"), "jaxlib": _version("jaxlib")}
+    return dict(_versions())
 
 
 def key(lib: Library) -> str:
     """16 hex digits of SHA-256 over the source, the headers, the flags and the versions."""
+    files = tuple(HERE / name for name in (lib.source, *HEADERS))
+    stats = tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    versions = json.dumps(toolchain_versions(), sort_keys=True)
+    return _key(files, stats, lib.flags, versions)
+
+
+@functools.cache  # keyed by the files' mtimes and sizes too: an edited source is hashed again
+def _key(files: tuple[Path, ...], stats: tuple, flags: tuple[str, ...], versions: str) -> str:
     digest = hashlib.sha256(f"format {FORMAT}\n".encode())
-    for name in (lib.source, *HEADERS):
-        digest.update((HERE / name).read_bytes())
-    digest.update("\0".join(lib.flags).encode())
-    digest.update(json.dumps(toolchain_versions(), sort_keys=True).encode())
+    for path in files:
+        digest.update(path.read_bytes())
+    digest.update("\0".join(flags).encode())
+    digest.update(versions.encode())
     return digest.hexdigest()[:16]
 
 

@@ -18,7 +18,9 @@ from flax_transformer.kernels.libraries import LIBRARIES
 
 LOG = logging.getLogger("flax_transformer.kernels")
 _said: set[str] = set()
-_loaded: dict[str, ctypes.CDLL] = {}  # library path -> the library, loaded and registered
+# library path -> (state, the library or None, why not): "ok" (loaded and registered),
+# "missing", "damaged" or "unloadable", found once per process (asked at every product traced)
+_results: dict[str, tuple[str, ctypes.CDLL | None, str | None]] = {}
 
 
 def notice(kind: str, line: str) -> None:
@@ -36,25 +38,38 @@ def quiet_notices() -> None:
 
 def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
     """(the loaded library `name` with its handlers registered, None) or (None, why not)."""
+    _, library, why = _result(name)
+    return library, why
+
+
+def state(name: str) -> str:
+    """ "ok", "missing", "damaged" or "unloadable": what `load(name)` found."""
+    return _result(name)[0]
+
+
+def _result(name: str) -> tuple[str, ctypes.CDLL | None, str | None]:
     lib = LIBRARIES[name]
     path = str(cache.library_path(lib))  # per path: the cache can move ($FLAX_TRANSFORMER_CACHE)
-    if path in _loaded:
-        return _loaded[path], None
+    if path not in _results:
+        _results[path] = _load(lib)
+    return _results[path]
+
+
+def _load(lib) -> tuple[str, ctypes.CDLL | None, str | None]:
     entry = cache.check(lib)
     if entry.state == "damaged":
         notice(str(entry.path), entry.problem)
-        return None, entry.problem
     if entry.state != "ok":
-        return None, entry.problem
+        return entry.state, None, entry.problem
     try:
         library = ctypes.CDLL(str(entry.path))
         handlers = {target: getattr(library, symbol) for target, symbol in lib.symbols.items()}
         if lib.init is not None and getattr(library, lib.init)() != 0:
-            return None, "the operating system refused this process the AMX tile state"
+            why = "the operating system refused this process the AMX tile state"
+            return "unloadable", None, why
     except (OSError, AttributeError) as err:
-        return None, f"the kernel library {entry.path} could not be loaded: {err}"
+        return "unloadable", None, f"the kernel library {entry.path} could not be loaded: {err}"
     for target, handler in handlers.items():
         with contextlib.suppress(ValueError):  # registered already (loaded from another cache)
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), "cpu")
-    _loaded[path] = library
-    return library, None
+    return "ok", library, None

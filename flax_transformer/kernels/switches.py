@@ -157,10 +157,9 @@ def _say_if_not_built(switch: Switch) -> None:
     from flax_transformer.kernels import load
 
     for _, library in switch.builds:
-        lib = LIBRARIES[library]
-        if cpu.platform_problem() or cpu.missing_flags(lib.cpu):
+        if cpu.platform_problem() or cpu.missing_flags(LIBRARIES[library].cpu):
             continue
-        if cache.check(lib).state == "missing":
+        if load.state(library) == "missing":
             load.notice(
                 "not built",
                 f"the native kernels are not built, XLA's own operations run (`ftx kernels "
