@@ -340,13 +340,14 @@ def test_the_kernel_sources_are_package_data():
 # --- end to end: a real library, cut short, and `ftx generate` --------------------------------
 
 
-@pytest.mark.slow  # builds the kernels (10-15 s), then three `ftx generate` processes: ~40 s
+@pytest.mark.slow  # builds the kernels (10-15 s), then four `ftx generate` processes: 60-75 s
 @pytest.mark.skipif(build.compiler()[0] is None, reason="no C++ compiler")
 @pytest.mark.skipif(not LINUX_X86, reason="the kernels need Linux x86-64")
 def test_a_truncated_real_library_gives_one_line_and_the_same_tokens(tmp_path):
     """Loading a shared library cut short can kill the process (SIGBUS). With the check, `ftx
     generate` says so in one line and decodes with XLA's gather: the same output as with the
-    kernel intact and with the switch at xla."""
+    kernel intact and with the switch at xla. So do a machine without a compiler and a cache
+    that cannot be written (one line: not built)."""
     from tests.export_runs import fabricate_run
 
     run = fabricate_run(tmp_path / "run", "seq2seq")
@@ -362,10 +363,19 @@ def test_a_truncated_real_library_gives_one_line_and_the_same_tokens(tmp_path):
     library.write_bytes(library.read_bytes()[: library.stat().st_size // 3])
     envs = [env, env | {"FLAX_TRANSFORMER_REORDER_KERNEL": "xla"}]
     envs.append(env | {"FLAX_TRANSFORMER_CACHE": str(tmp_path / "cut")})
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three processes side by side
-        intact, xla, cut = pool.map(lambda e: ftx(argv, e, tmp_path), envs)
+    (tmp_path / "a-file").write_text("not a directory")
+    blocked = str(tmp_path / "a-file" / "cache")  # no compiler, and a cache that cannot be made
+    envs.append(
+        env | {"CXX": "/nowhere/g++", "PATH": "/nowhere", "FLAX_TRANSFORMER_CACHE": blocked}
+    )
+    with concurrent.futures.ThreadPoolExecutor(len(envs)) as pool:  # side by side
+        intact, xla, cut, *unbuilt = pool.map(lambda e: ftx(argv, e, tmp_path), envs)
     assert intact.returncode == xla.returncode == cut.returncode == 0, cut.stderr
     assert intact.stderr == xla.stderr == ""
     assert cut.stdout == intact.stdout == xla.stdout and len(cut.stdout.splitlines()) == 3
     lines = cut.stderr.splitlines()
     assert len(lines) == 1 and str(library) in lines[0] and "damaged" in lines[0], lines
+    for result in unbuilt:
+        assert result.returncode == 0 and result.stdout == xla.stdout, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and "the native kernels are not built" in lines[0], lines
