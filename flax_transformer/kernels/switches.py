@@ -15,6 +15,7 @@ intact (kernels.cache). Nothing here compiles; `choose` loads a built library (k
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from flax_transformer.files.settings import SettingError
@@ -54,8 +55,6 @@ class Switch:
 
     def value(self) -> str:
         """The variable's value (default auto); SwitchError naming it and its values otherwise."""
-        import os
-
         raw = os.environ.get(self.variable, "auto")
         value = raw.strip().lower() or "auto"
         if value not in self.choices:
@@ -125,7 +124,8 @@ class Switch:
         for a forced kernel, its platform, CPU and built library are there; else the one line
         a command prints (the JAX backend and the load are checked when the kernel is used)."""
         try:
-            self._decide(_why_not_seen)
+            if self.value() not in ("auto", "xla"):  # auto never fails: it falls back
+                self._decide(_why_not_seen)
         except SwitchError as err:
             return str(err)
         return None
