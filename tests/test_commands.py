@@ -43,7 +43,7 @@ def test_ftx_help_lists_every_command_with_one_line(capsys):
         assert f"  {name}" in out and line in out
     assert set(COMMANDS) == {
         "train", "generate", "classify", "score", "convert", "parity", "export", "hf", "launch",
-        "demo",
+        "demo", "info", "kernels",
     }  # fmt: skip
 
 

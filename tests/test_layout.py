@@ -18,18 +18,31 @@ PACKAGE = ROOT / "flax_transformer"
 ALLOWED = {
     "files": {"files"},
     "spec": {"files", "spec"},
-    "nn": {"files", "spec", "nn"},
-    "decoding": {"files", "spec", "nn", "decoding"},
-    "interop": {"files", "spec", "nn", "interop"},
+    # The native kernels (C++ sources, their build and cache, the jax.ffi bindings, the one
+    # switch object): below nn/ and decoding/, which call them; they need nothing of the model.
+    "kernels": {"files", "kernels"},
+    "nn": {"files", "spec", "kernels", "nn"},
+    "decoding": {"files", "spec", "kernels", "nn", "decoding"},
+    "interop": {"files", "spec", "kernels", "nn", "interop"},
     # Everything Hugging Face: configs, weights, checkpoints, tokenizers, generation semantics.
-    "hf": {"files", "spec", "nn", "decoding", "interop", "hf"},
+    "hf": {"files", "spec", "kernels", "nn", "decoding", "interop", "hf"},
     # The data pipeline: tasks and corpora, tokenizers, the token cache, batching, packing. It
     # needs nn for packing's segment masks and hf for a run's Hugging Face tokenizer; it knows
     # nothing of training (the run directory names its cache folder, not the other way round).
-    "data": {"files", "spec", "nn", "hf", "data"},
-    "training": {"files", "spec", "nn", "decoding", "interop", "hf", "data", "training"},
-    "parity": {"files", "spec", "nn", "interop", "parity"},
-    "export": {"files", "spec", "nn", "decoding", "interop", "export"},
+    "data": {"files", "spec", "kernels", "nn", "hf", "data"},
+    "training": {
+        "files",
+        "spec",
+        "kernels",
+        "nn",
+        "decoding",
+        "interop",
+        "hf",
+        "data",
+        "training",
+    },  # fmt: skip
+    "parity": {"files", "spec", "kernels", "nn", "interop", "parity"},
+    "export": {"files", "spec", "kernels", "nn", "decoding", "interop", "export"},
     # The command line sits above every room.
     "cli": None,
 }
@@ -199,7 +212,9 @@ def test_importing_the_packages_loads_no_jax():
     code = (
         "import sys, flax_transformer, torch_reference, flax_transformer.spec.config, "
         "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding, "
-        "flax_transformer.hf, flax_transformer.export; "
+        "flax_transformer.hf, flax_transformer.export, flax_transformer.kernels; "
+        # what every `ftx` command checks first (the kernel switches): no JAX either
+        "from flax_transformer.kernels.switches import KERNELS; KERNELS.preflight(); "
         "loaded = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

@@ -44,6 +44,12 @@ MOVED = [
     ("flax_transformer.decode", "greedy_decode", "flax_transformer.decoding"),
     ("flax_transformer.decode", "beam_search", "flax_transformer.decoding"),
     ("flax_transformer.sharding", "make_mesh", "flax_transformer.training.sharding"),
+    # the native kernels, moved into their own room (kernels/)
+    ("flax_transformer.nn.int8_amx", "pack", "flax_transformer.kernels.int8_amx"),
+    ("flax_transformer.nn.f32_packed", "product", "flax_transformer.kernels.f32_packed"),
+    ("flax_transformer.decoding.beam_reorder", "reorder", "flax_transformer.kernels.beam_reorder"),
+    ("flax_transformer.nn.native_build", "cpu_flags", "flax_transformer.kernels.cpu"),
+    ("flax_transformer.nn.native_build", "cache_dir", "flax_transformer.kernels.cache"),
 ]
 
 

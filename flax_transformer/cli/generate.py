@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
         generator.model = int8_products_model(run.model)
         run.params = quantize_for_products(run.params)
-    elif not args.int8:  # float32 products on weights packed once, where nn.f32_packed runs
+    elif not args.int8:  # float32 products on weights packed once, where kernels.f32_packed runs
         from flax_transformer.nn.f32_products import for_generation
 
         generator.model, run.params = for_generation(run.model, run.params, run.config)
