@@ -1,12 +1,11 @@
 """`python -m flax_transformer.launch ... -- COMMAND` = `ftx launch` (cli/launch.py)."""
 
-import sys
-
 from flax_transformer.cli.launch import main
+from flax_transformer.cli.process import exit_process
 from flax_transformer.lazy import moved_module
 
 # Its other names (the command lived here before 0.3) resolve from there, with a warning.
 __getattr__ = moved_module(__name__, "flax_transformer.cli.launch")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -306,3 +306,35 @@ def test_a_full_disk_under_the_event_files_is_one_line_naming_the_file(tmp_path,
     events = workdir / "tensorboard" / "events.out.tfevents."
     assert line.startswith(f"error: the disk is full: cannot write {events}"), line
     assert "stopping. Nothing was deleted: the last good checkpoint is step 8" in line
+
+
+# As in a shell: pytest-xdist's workers ignore SIGINT and a child inherits that; a first Python
+# restores it and becomes the command (exec), so that no fork of this process runs Python.
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.slow  # a training run's start and compile (about 10 s)
+@pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_the_step_compiles_ends_the_process_cleanly(tmp_path, sig, status):
+    """Stopped while XLA compiles the first step, the process said its one line and then
+    crashed in Python's teardown (SIGSEGV, exit -11; bench.chaos found it). It ends with the
+    signal's status now."""
+    import os
+    import signal
+
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DEFAULT_SIGINT, "train.py", *TINY, "--workdir", str(workdir)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stdout:  # the model line comes just before the first step compiles
+        if "model:" in line:
+            break
+    time.sleep(0.3)
+    os.kill(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == status, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]

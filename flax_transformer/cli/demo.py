@@ -6,9 +6,10 @@ ftx demo [--seed N]   (or python -m flax_transformer.demo)
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
+
+from flax_transformer.cli.process import exit_process
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from flax_transformer.cli.process import exit_process
 from flax_transformer.files.interruptions import one_line_failures
 
 
@@ -144,4 +145,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

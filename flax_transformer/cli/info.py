@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from flax_transformer.cli.process import exit_process
 from flax_transformer.files.interruptions import one_line_failures
 
 
@@ -88,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from flax_transformer.cli.process import exit_process
+
 POLL_S = 0.1
 
 
@@ -291,4 +293,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from flax_transformer.cli.process import exit_process
+
 # subcommand -> (module whose main(argv) runs it, one line for `ftx --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flax_transformer.cli.train", "train a model (the built-in task or your data)"),
@@ -96,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
+        if process_entry and code in (130, 143):  # interrupted: no teardown (cli/process.py)
+            exit_process(code)
         return code
     print(code, file=sys.stderr)  # SystemExit("message")
     return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

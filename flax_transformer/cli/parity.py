@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.interop.convert import expected_param_shapes, load_flax_params
@@ -290,4 +291,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

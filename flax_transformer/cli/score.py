@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.spec.validate import Float, Int
@@ -200,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

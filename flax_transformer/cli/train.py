@@ -21,6 +21,7 @@ import time
 import warnings
 from pathlib import Path
 
+from flax_transformer.cli.process import exit_process
 from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of the old train.py)
     DEFAULT_PRESET,
     DISTRIBUTED_FLAGS,
@@ -575,4 +576,4 @@ if __name__ == "__main__":
     from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
     reexec_with_tuned_malloc()  # (JAX is loaded by now: this entry pays a second start-up)
-    sys.exit(main())
+    exit_process(main())

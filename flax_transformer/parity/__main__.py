@@ -1,7 +1,6 @@
 """`python -m flax_transformer.parity A B` = `ftx parity` (cli/parity.py)."""
 
-import sys
-
 from flax_transformer.cli.parity import main
+from flax_transformer.cli.process import exit_process
 
-sys.exit(main())
+exit_process(main())
