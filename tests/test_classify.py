@@ -59,6 +59,21 @@ def imported(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- scores, labels
+@pytest.mark.parametrize(
+    "names", [("negative", "positive"), ("blue", "green", "red"), tuple("abcdefghij")]
+)
+def test_the_confusion_picture_shows_its_whole_title(names):
+    """The title was cut off at the figure's edge for a few labels."""
+    from flax_transformer.training.plots import confusion_figure
+
+    matrix = np.arange(len(names) ** 2).reshape(len(names), len(names))
+    fig = confusion_figure(matrix, names)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    title, box = ax.title.get_window_extent(), fig.bbox
+    assert box.x0 <= title.x0 and title.x1 <= box.x1 and title.y1 <= box.y1, (title, box)
+
+
 def test_scores_of_a_confusion_matrix():
     # rows: true a, b, c; columns: predicted. a: 3 right, 1 as b; b: 2 right; c: 1 as a.
     matrix = classification.confusion_matrix([0, 0, 0, 0, 1, 1, 2], [0, 0, 0, 1, 1, 1, 0], 3)

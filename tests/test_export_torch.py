@@ -108,3 +108,21 @@ def test_torch_int8(runs, tmp_path):
             assert relative_error(loaded(*args).numpy(), quantised(*args).numpy()) <= 1e-6
         tokens = greedy_torch(loaded, src, **ids)
         np.testing.assert_array_equal(tokens, greedy_torch(quantised, src, **ids))
+
+
+@pytest.mark.slow  # an ONNX export in a process of its own (about 20 s)
+def test_ftx_export_onnx_prints_only_its_result(runs, tmp_path):
+    """torch's exporter logged four "torchvision is not installed. Skipping torchvision::..."
+    lines a graph (a dozen in all) on a newcomer's terminal; the command prints its one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "onnx"
+    argv = ["export", "--workdir", str(runs["lm"]), "--format", "onnx", "--out", str(out)]
+    done = subprocess.run([sys.executable, "-m", "flax_transformer.cli", *argv], cwd=root,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torchvision" not in done.stderr and done.stderr.strip() == "", done.stderr[-3000:]
+    assert done.stdout.startswith(f"onnx: {out} (")

@@ -287,8 +287,10 @@ def test_a_json_false_still_means_false(saved, tmp_path):
         (setter(scale_embedding="false"), None, BAD_CONFIGS[0][3]),
         (setter(encoder_attention_heads=5, decoder_attention_heads=5), None, "d_model: 24 is not"),
         (None, BAD_WEIGHTS[2][1], BAD_WEIGHTS[2][2]),
+        (setter(num_labels=3, id2label={"0": "a", "1": "b"}), None, "num_labels: 3 disagrees"),
+        (setter(id2label={"zero": "a"}), None, "id2label: keys must be class ids (integers)"),
     ],
-    ids=["string bool", "heads", "NaN tensor"],
+    ids=["string bool", "heads", "NaN tensor", "num_labels", "id2label keys"],
 )
 def test_ftx_hf_import_refuses_with_exit_2_and_writes_nothing(
     saved, tmp_path, capsys, config_edit, tensors_edit, expected

@@ -92,7 +92,8 @@ time.sleep(60)
 def test_when_one_process_fails_the_launcher_stops_the_others_and_names_it(tmp_path):
     out = io.StringIO()
     started = time.monotonic()
-    code = launch.launch([sys.executable, "-c", CHILD, str(tmp_path)], 3, grace=5.0, out=out)
+    argv = [sys.executable, "-c", CHILD, str(tmp_path)]
+    code = launch.launch(argv, 3, grace=5.0, out=out, output="all")
     elapsed = time.monotonic() - started
     assert code == 3
     assert elapsed < 45  # not the others' 60 s
@@ -139,7 +140,7 @@ def test_a_killed_process_is_named_with_its_signal():
 def test_the_launcher_succeeds_when_every_process_does():
     out = io.StringIO()
     child = "import sys; print('line one\\rline two', sys.argv[-1])"
-    assert launch.launch([sys.executable, "-c", child], 2, out=out) == 0
+    assert launch.launch([sys.executable, "-c", child], 2, out=out, output="all") == 0
     lines = out.getvalue().splitlines()
     assert lines[-1] == "[launch] all 2 processes exited with status 0"
     assert sorted(lines[:-1]) == [
@@ -148,6 +149,35 @@ def test_the_launcher_succeeds_when_every_process_does():
         "[1] line one",
         "[1] line two 1",
     ]
+
+
+def test_by_default_the_others_show_only_their_errors():
+    """The processes of one run print the same lines: each line came once per process. By
+    default process 0 is shown in full, the others' error lines only (--output all: all)."""
+    child = (
+        "import sys\n"
+        "me = sys.argv[-1]\n"
+        "print('step 1: train loss 0.5', flush=True)\n"
+        "if me == '1':\n"
+        "    print('warning: error: a disk of process 1 is slow', flush=True)\n"
+    )
+    out = io.StringIO()
+    assert launch.launch([sys.executable, "-c", child], 3, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert sorted(lines[:-1]) == [
+        "[0] step 1: train loss 0.5",
+        "[1] warning: error: a disk of process 1 is slow",
+    ]
+    assert lines[-1] == "[launch] all 3 processes exited with status 0"
+    args, _ = launch.parse_args(["--processes", "2", "--output", "all", "--", "x.py"])
+    assert args.output == "all"
+
+
+def test_train_py_outside_the_repository_says_what_runs_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    problem = launch.missing_command(["train.py", "--mesh", "data=2"])
+    assert problem.startswith("the command's script train.py does not exist (train.py is in")
+    assert "ftx launch --processes N -- ftx train ..." in problem
 
 
 # ----------------------------------------------------------------------------- train.py flags

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ import train
 from flax_transformer.cli.main import main as ftx
 from flax_transformer.cli.train_flags import parse_args
 from flax_transformer.training.averaging import average_params, last_steps
+from flax_transformer.training.evaluation import loss_words, scores_text, short_reference_note
 from flax_transformer.training.run import load_run
 
 TINY = [
@@ -89,9 +91,40 @@ def test_score_reports_loss_bleu_and_exact_match_as_json(trained, capsys):
     assert scores["bleu_tokenize"] == "char"  # a built-in task run scores letter by letter
     assert np.isfinite(scores["loss"]) and 0 <= scores["exact_match"] <= 1
     assert 0 <= scores["bleu"] <= 100 and 0 <= scores["token_accuracy"] <= 1
+    assert 0 <= scores["chrf"] <= 100
+    # 2 of the 3 references are shorter than BLEU's 4-grams (letters here): a note says why
+    # BLEU says little ("BLEU 0.00 beside 99.5% exact match" left a newcomer guessing).
+    assert scores["bleu_note"].startswith("2 of 3 references have fewer than 4 tokens")
     assert ftx(["score", "--workdir", str(workdir), "--test-tsv", str(test)]) == 0
     out = capsys.readouterr().out
     assert "checkpoint: last" in out and "decoding: greedy" in out and "bleu: " in out
+    assert "chrf: " in out and "bleu_note: 2 of 3 references" in out
+    assert re.search(r"^loss: \d+\.\d{4} \(cross-entropy, no label smoothing\)$", out, re.M)
+
+
+def test_every_command_names_its_loss_the_same_way():
+    """The training log's valid loss includes the run's label smoothing, ftx score's does not:
+    both say which (they differed on the same file and checkpoint with no word why)."""
+    scores = {"valid_loss": 1.5, "token_accuracy": 0.5, "exact_match": 0.25, "bleu": 10.0,
+              "chrf": 30.0}  # fmt: skip
+    assert scores_text(scores, 0.1) == (
+        "valid loss 1.5000 (cross-entropy with label smoothing 0.1), token accuracy 0.5000, "
+        "exact match 0.2500, BLEU 10.00, chrF 30.00"
+    )
+    assert loss_words(0.0) == "cross-entropy, no label smoothing"
+    # A classifier's units are examples: accuracy, not "token accuracy".
+    classifier = {"valid_loss": 0.2, "token_accuracy": 0.9, "accuracy": 0.9, "macro_f1": 0.8}
+    assert scores_text(classifier, 0.0) == (
+        "valid loss 0.2000 (cross-entropy, no label smoothing), accuracy 0.9000, macro-F1 0.8000"
+    )
+
+
+def test_the_short_reference_note_counts_bleu_tokens():
+    assert short_reference_note(["the cat sat down", "a b c d e"], "13a") is None
+    note = short_reference_note(["yes", "no thanks", "the cat sat down"], "13a")
+    assert note.startswith("2 of 3 references have fewer than 4 tokens (BLEU's 4-grams, "
+                           "tokenize=13a)")  # fmt: skip
+    assert short_reference_note(["abcd", "abc"], "char") is None  # 4 letters: 4 tokens
 
 
 @pytest.mark.parametrize(

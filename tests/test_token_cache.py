@@ -3,6 +3,7 @@ the in-memory path, the cache reused by --resume (no second tokenization) and re
 input changes, JSONL input and its errors, a bounded BPE sample, exact resume from the cache."""
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -373,9 +374,12 @@ def test_resume_reuses_the_cache_and_is_exact(tmp_path, capsys, monkeypatch):
                    "--resume")  # fmt: skip
     assert f"warning: the token cache {cache} is damaged (lengths has" in err
     assert "it is rebuilt" in err and "Traceback" not in err and built == [1]
-    # The input changes: the next --resume tokenizes it again, into a new cache.
-    with data.open("a") as handle:
-        handle.write(json.dumps({"source": "eau", "target": "feu"}) + "\n")
+    # The input is rewritten with the same size and its mtime put back (cp -p, rsync -t): the
+    # next --resume tokenizes it again, into a new cache (the key is the bytes, not the mtime).
+    stat, text = data.stat(), data.read_text()
+    data.write_text(text.replace("chat", "tahc", 1))
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size and data.stat().st_mtime_ns == stat.st_mtime_ns
     out, _ = run(capsys, *TINY, "--train-jsonl", data, "--steps", "8", "--workdir", stopped,
                  "--resume")  # fmt: skip
     assert "tokenizing" in out and built == [1, 1]

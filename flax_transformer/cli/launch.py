@@ -39,7 +39,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="ftx launch",
         description="Start N local processes of a multi-process train.py run.",
-        epilog="example: ftx launch --processes 2 -- train.py --mesh data=2",
+        epilog="example: ftx launch --processes 2 -- ftx train --mesh data=2",
     )
     from flax_transformer.cli.flags import flag_type
     from flax_transformer.spec.validate import Float
@@ -50,6 +50,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         type=int,
         metavar="D",
         help="CPU devices of each process (sets JAX_NUM_CPU_DEVICES; default: JAX's, 1)",
+    )
+    parser.add_argument(
+        "--output",
+        choices=tuple(OUTPUTS),
+        default="first",
+        help="first: every line of process 0 and the error lines of the others (they print "
+        "the same run); all: every line of every process (default: %(default)s)",
     )
     parser.add_argument(
         "--grace",
@@ -88,7 +95,15 @@ def missing_command(command: list[str]) -> str | None:
 
     first = command[0]
     if first.endswith(".py"):
-        return None if os.path.isfile(first) else f"the command's script {first} does not exist"
+        if os.path.isfile(first):
+            return None
+        hint = ""
+        if os.path.basename(first) == "train.py":  # the repository's wrapper, run elsewhere
+            hint = (
+                " (train.py is in the repository's root; from any directory the training "
+                "command is `ftx train`: ftx launch --processes N -- ftx train ...)"
+            )
+        return f"the command's script {first} does not exist{hint}"
     if first == "-m":
         if len(command) < 2:
             return "-m needs a module name, e.g. -- -m flax_transformer.train"
@@ -151,25 +166,36 @@ class ProcessOutput:
             self.last_error = line.strip()
 
 
-def _stream(index: int, pipe, out, lock: threading.Lock, seen: ProcessOutput) -> None:
+def _stream(index: int, pipe, out, lock: threading.Lock, seen: ProcessOutput, shown) -> None:
     """Copies a process's output to `out`, each line (also a progress bar's \\r updates)
-    prefixed with [index], and notes its error lines in `seen`."""
+    prefixed with [index], and notes its error lines in `seen`; `shown(index, text)` says
+    which lines are copied (OUTPUTS)."""
     pending = b""
     for chunk in iter(lambda: pipe.read1(65536), b""):
         pending += chunk.replace(b"\r", b"\n")
         *lines, pending = pending.split(b"\n")
-        _write(out, lock, index, [line for line in lines if line.strip()], seen)
+        _write(out, lock, index, [line for line in lines if line.strip()], seen, shown)
     if pending.strip():
-        _write(out, lock, index, [pending], seen)
+        _write(out, lock, index, [pending], seen, shown)
 
 
-def _write(out, lock, index, lines, seen: ProcessOutput) -> None:
+def _write(out, lock, index, lines, seen: ProcessOutput, shown) -> None:
     with lock:
         for line in lines:
             text = line.decode("utf-8", "replace")
             seen.saw(text)
-            out.write(f"[{index}] {text}\n")
+            if shown(index, text):
+                out.write(f"[{index}] {text}\n")
         out.flush()
+
+
+# --output: which lines of the processes the launcher copies. The processes of one run print
+# the same lines (the same loss, the same summary), so by default only process 0 is shown in
+# full, and of the others their error lines; `all` shows every line of every process.
+OUTPUTS = {
+    "first": lambda index, text: index == 0 or bool(ERROR_LINE.search(text.strip())),
+    "all": lambda index, text: True,
+}
 
 
 def describe_status(code: int) -> str:
@@ -201,9 +227,13 @@ def final_line(failed: int | None, children, outputs: list[ProcessOutput], stopp
     return line
 
 
-def launch(command: list[str], processes: int, devices_per_process=None, grace=10.0, out=None):
+def launch(
+    command: list[str], processes: int, devices_per_process=None, grace=10.0, out=None,
+    output: str = "first",
+):  # fmt: skip
     """Runs the processes to the end; the exit status: 0, or the first failed process's.
-    The output ends with one [launch] line (final_line) after every process's output."""
+    The output (the lines OUTPUTS[output] shows) ends with one [launch] line (final_line)
+    after every process's output."""
     out = sys.stdout if out is None else out
     port = free_port()
     env = process_env(devices_per_process)
@@ -222,7 +252,8 @@ def launch(command: list[str], processes: int, devices_per_process=None, grace=1
             )
             children.append(child)
             stream = threading.Thread(
-                target=_stream, args=(index, child.stdout, out, lock, outputs[index])
+                target=_stream,
+                args=(index, child.stdout, out, lock, outputs[index], OUTPUTS[output]),
             )
             stream.start()
             streams.append(stream)
@@ -286,7 +317,9 @@ def main(argv=None) -> int:
         print(f"error: {problem}; nothing was started", file=sys.stderr)
         return 2
     try:
-        return launch(command, args.processes, args.devices_per_process, args.grace)
+        return launch(
+            command, args.processes, args.devices_per_process, args.grace, output=args.output
+        )
     except KeyboardInterrupt:  # the processes were stopped on the way out (launch's finally)
         print("[launch] interrupted (Ctrl-C); every process was stopped", file=sys.stderr)
         return 130

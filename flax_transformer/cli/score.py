@@ -5,10 +5,11 @@ the last N (the paper's evaluation: average the last 5 checkpoints, beam 4, leng
     ftx score --workdir LM_RUN --test-text held_out.txt
 
 A seq2seq run reports the test set's loss (plain cross-entropy per target token, no label
-smoothing), token accuracy, corpus BLEU (sacrebleu) and exact match of the decoded
-translations; a language-model run reports loss and perplexity. Every example is scored (no
---valid-max cap); pairs longer than the model's max_len are skipped with a warning that counts
-them. One line per number, or JSON with --json OUT (`-`: stdout). Exit status 0, 2 for bad
+smoothing, said beside it), token accuracy, corpus BLEU and chrF (sacrebleu; a note when most
+references are too short for BLEU's 4-grams) and exact match of the decoded translations; a
+language-model run reports loss and perplexity. Every example is scored (no --valid-max cap);
+pairs longer than the model's max_len are skipped with a warning that counts them. One line
+per number, or JSON with --json OUT (`-`: stdout). Exit status 0, 2 for bad
 input (flags, a workdir that is not a run, a test file that cannot be read).
 """
 
@@ -167,13 +168,18 @@ def score(args) -> dict:
         max_len=run.config.max_len, bleu_tokenize=bleu_tokenize, strategy=strategy,
     )  # fmt: skip
     decoding = "greedy" if args.beam is None else f"beam {strategy.size}, alpha {strategy.alpha}"
-    return scores | {
-        "token_accuracy": loss["token_accuracy"],
-        "bleu": decoded.bleu,
-        "exact_match": decoded.exact_match,
-        "decoding": decoding,
-        "bleu_tokenize": bleu_tokenize,
-    }
+    return (
+        scores
+        | {
+            "token_accuracy": loss["token_accuracy"],
+            "bleu": decoded.bleu,
+            "chrf": decoded.chrf,
+            "exact_match": decoded.exact_match,
+            "decoding": decoding,
+            "bleu_tokenize": bleu_tokenize,
+        }
+        | ({"bleu_note": decoded.bleu_note} if decoded.bleu_note else {})
+    )
 
 
 @one_line_failures
@@ -192,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json == "-":
         print(text, end="")
         return 0
+    from flax_transformer.training.evaluation import loss_words
+
     for name, value in scores.items():
         shown = f"{value:.4f}" if isinstance(value, float) else value
+        if name == "loss":  # what it is, as the training log names its valid loss
+            shown = f"{shown} ({loss_words(0.0)})"
         print(f"{name}: {shown}")
     if args.json:
         atomic_write_text(args.json, text)

@@ -521,6 +521,8 @@ def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int
 def print_summary(results: dict, workdir: Path) -> None:
     """Print the end of a run for a person: steps and speed (or why it stopped early or trained
     nothing), the validation metrics, example decodes and where the results and weights are."""
+    from flax_transformer.training.evaluation import scores_text
+
     early = ""
     if results.get("stop_reason") == "early_stop":
         best = results["best"]
@@ -545,14 +547,9 @@ def print_summary(results: dict, workdir: Path) -> None:
             f"training ({results['tokens_per_sec']:.0f} {unit}; "
             f"{results['wall_time_s']:.0f} s in all)"
         )
-    line = f"valid loss {results['valid_loss']:.4f}, token accuracy {results['token_accuracy']:.4f}"
-    if "exact_match" in results:
-        line += f", exact match {results['exact_match']:.4f}, BLEU {results['bleu']:.2f}"
-    if "perplexity" in results:
-        line += f", perplexity {results['perplexity']:.2f}"
-    if "macro_f1" in results:  # a classifier
-        line += f", accuracy {results['accuracy']:.4f}, macro-F1 {results['macro_f1']:.4f}"
-    print(line)
+    print(scores_text(results, results.get("label_smoothing", 0.0)))
+    if results.get("bleu_note"):
+        print(f"note: {results['bleu_note']}")
     for name, label in results.get("per_label", {}).items():
         print(
             f"  {name}: precision {label['precision']:.3f}, recall {label['recall']:.3f}, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import warnings
 from pathlib import Path
 
@@ -51,13 +52,21 @@ def require_onnx_exporter() -> None:
 def _export(module, args, names_in, names_out, dynamic, path: Path, opset: int) -> None:
     import torch
 
-    # The exporter reports its progress and deprecations on stdout/stderr; keep the CLI quiet.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            module, args, None, dynamo=True, input_names=names_in, output_names=names_out,
-            dynamic_shapes=dynamic, opset_version=opset, verbose=False,
-        )  # fmt: skip
+    # The exporter reports its progress and deprecations on stdout/stderr, and logs four lines
+    # a graph about torchvision operators it skips (torchvision is not a dependency here);
+    # keep the CLI quiet.
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module, args, None, dynamo=True, input_names=names_in, output_names=names_out,
+                dynamic_shapes=dynamic, opset_version=opset, verbose=False,
+            )  # fmt: skip
+    finally:
+        registration.setLevel(level)
     program.save(str(path))
 
 

@@ -1,5 +1,6 @@
-"""Evaluation: teacher-forced loss and token accuracy, greedy decoding with exact match and
-sacrebleu BLEU, and the cross-attention maps of one example (for the heatmap)."""
+"""Evaluation: teacher-forced loss and token accuracy, greedy decoding with exact match,
+sacrebleu BLEU and chrF (with a note when the references are too short for BLEU), and the
+cross-attention maps of one example (for the heatmap)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,57 @@ class DecodeResult:
     sources: list[str]
     references: list[str]
     hypotheses: list[str]
+    chrf: float = 0.0  # sacrebleu corpus chrF (character n-grams), 0..100
+    bleu_note: str | None = None  # why BLEU says little here (short_reference_note)
+
+
+def loss_words(label_smoothing: float) -> str:
+    """What a reported loss is, in the words every command uses beside it: the training log's
+    validation loss is the objective it trains (label smoothing included); `ftx score`'s is
+    plain cross-entropy per target token (label_smoothing 0)."""
+    if label_smoothing:
+        return f"cross-entropy with label smoothing {label_smoothing:g}"
+    return "cross-entropy, no label smoothing"
+
+
+def scores_text(scores: dict, label_smoothing: float) -> str:
+    """One line of validation scores: the loss (named, loss_words), then accuracy and macro-F1
+    for a classifier (its examples are the units, not tokens), else token accuracy, exact
+    match, BLEU and chrF where decoded, perplexity for a language model."""
+    parts = [f"valid loss {scores['valid_loss']:.4f} ({loss_words(label_smoothing)})"]
+    if "macro_f1" in scores:
+        parts += [f"accuracy {scores['accuracy']:.4f}", f"macro-F1 {scores['macro_f1']:.4f}"]
+        return ", ".join(parts)
+    parts.append(f"token accuracy {scores['token_accuracy']:.4f}")
+    if scores.get("exact_match") is not None:
+        parts.append(f"exact match {scores['exact_match']:.4f}")
+    if scores.get("bleu") is not None:
+        parts += [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]
+    if scores.get("perplexity") is not None:
+        parts.append(f"perplexity {scores['perplexity']:.2f}")
+    return ", ".join(parts)
+
+
+# BLEU's longest n-gram: a reference shorter than this has no 4-gram to match, and BLEU's
+# geometric mean over 1..4-grams is then 0 however good the output (sacrebleu's default).
+BLEU_ORDER = 4
+
+
+def short_reference_note(references: list[str], tokenize: str) -> str | None:
+    """A note when most references have fewer than BLEU_ORDER tokens (as sacrebleu's
+    `tokenize` splits them): BLEU is then near 0 even for outputs that are nearly all
+    right; chrF and exact match say more. None otherwise."""
+    from sacrebleu.metrics import BLEU
+
+    split = BLEU(tokenize=tokenize).tokenizer
+    short = sum(len(split(r).split()) < BLEU_ORDER for r in references)
+    if not references or short * 2 <= len(references):
+        return None
+    return (
+        f"{short} of {len(references)} references have fewer than {BLEU_ORDER} tokens "
+        f"(BLEU's {BLEU_ORDER}-grams, tokenize={tokenize}): BLEU is near 0 whatever the "
+        "quality; read chrF and exact match"
+    )
 
 
 def cut_at_eos(ids, eos_id: int) -> list[int]:
@@ -83,7 +135,9 @@ def evaluate_decoding(
             hypotheses.append(tokenizer.decode(cut_at_eos(out[row], tokenizer.eos_id)))
     exact = float(np.mean([h == r for h, r in zip(hypotheses, references, strict=True)]))
     bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=bleu_tokenize).score
-    return DecodeResult(exact, float(bleu), sources, references, hypotheses)
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references]).score
+    note = short_reference_note(references, bleu_tokenize)
+    return DecodeResult(exact, float(bleu), sources, references, hypotheses, float(chrf), note)
 
 
 @functools.partial(jax.jit, static_argnames="model")

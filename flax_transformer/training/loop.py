@@ -48,6 +48,7 @@ from flax_transformer.training.evaluation import (
     cross_attention_maps,
     evaluate_decoding,
     evaluate_loss,
+    scores_text,
 )
 from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
 from flax_transformer.training.interrupts import (  # noqa: F401  (TrainingError: its old home)
@@ -289,13 +290,8 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             if eval_now:
                 scores = evaluate(job, model, eval_step, on_host(state.params), valid_batches)
                 log.write({"kind": "eval", "step": done} | scores | eval_counts(job, scores))
-                match = scores.get("exact_match")
-                bar.write(  # (a plain print when the bar is off)
-                    f"step {done}: valid loss {scores['valid_loss']:.4f}, token accuracy "
-                    f"{scores['token_accuracy']:.4f}"
-                    + ("" if match is None else f", exact match {match:.4f}")
-                    + (f", macro-F1 {scores['macro_f1']:.4f}" if "macro_f1" in scores else "")
-                )
+                # (a plain print when the bar is off)
+                bar.write(f"step {done}: {scores_text(scores, opt.label_smoothing)}")
                 hook_stop = ask("eval", done, scores, state)
                 if tracker is not None and tracker.update(done, scores) and best_checkpointer:
                     best_checkpointer.save(on_host(state))
@@ -465,6 +461,7 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
     results: dict[str, Any] = {
         "steps": int(state.step),
         "valid_loss": final["loss"],
+        "label_smoothing": opt.label_smoothing,  # in valid_loss (evaluation.loss_words)
         "token_accuracy": final["token_accuracy"],
         "valid_examples": len(job.valid_set),
     }
@@ -485,7 +482,9 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         )
         decoded_count = len(decoded.hypotheses)
         results["exact_match"] = decoded.exact_match
-        results["bleu"] = decoded.bleu
+        results["bleu"], results["chrf"] = decoded.bleu, decoded.chrf
+        if decoded.bleu_note:
+            results["bleu_note"] = decoded.bleu_note
         results["examples"] = [
             {"source": s, "reference": r, "hypothesis": h}
             for s, r, h in list(

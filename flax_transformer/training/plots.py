@@ -85,6 +85,12 @@ def plot_confusion(
 ) -> Path:
     """The confusion matrix of a classifier's validation set: rows the true labels, columns the
     predicted ones, each cell its count (shaded by the share of its row)."""
+    return _save(confusion_figure(matrix, names), path)
+
+
+def confusion_figure(matrix: np.ndarray, names: list[str] | tuple[str, ...]):
+    """plot_confusion's figure, laid out: its title on two lines (one line was wider than the
+    figure of a few labels, and was cut off)."""
     matrix = np.asarray(matrix)
     size = max(3.5, 0.6 * len(names) + 2.0)
     fig, ax = plt.subplots(figsize=(size, size * 0.9))
@@ -99,9 +105,10 @@ def plot_confusion(
                 color="white" if shade > 0.5 else "black")  # fmt: skip
     accuracy = np.trace(matrix) / max(matrix.sum(), 1)
     ax.set(
-        xlabel="predicted", ylabel="true", title=f"Validation confusion (accuracy {accuracy:.3f})"
+        xlabel="predicted", ylabel="true", title=f"Validation confusion\naccuracy {accuracy:.3f}"
     )
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def _save(fig, path: str | Path) -> Path:
