@@ -20,7 +20,8 @@ from flax_transformer.hf.checkpoint import (
 from flax_transformer.hf.config import check_hf_config, hf_to_config, model_kind
 from flax_transformer.hf.families import Family, family_for
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
-from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
+from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
+from flax_transformer.hf.weights import hf_state_to_params, params_to_lazy_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.int8_products import (
     int8_products_model,
@@ -287,15 +288,24 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
     )
 
 
-def save(model: HFModel, path: str | Path) -> Path:
-    """Write `model` as a save_pretrained directory: config.json, model.safetensors (in the
-    model's parameter dtype), generation_config.json and the source directory's tokenizer."""
+def save(
+    model: HFModel, path: str | Path, max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
+) -> Path:
+    """Write `model` as a save_pretrained directory: config.json, the weights in the model's
+    parameter dtype (bit-exact: a bfloat16 model writes bfloat16), generation_config.json and
+    the source directory's tokenizer. The weights are model.safetensors, or shards of at most
+    `max_shard_size` bytes ("5GB", "200MB", or an int; transformers' save_pretrained default
+    "50GB") with model.safetensors.index.json, as save_pretrained(max_shard_size=...) writes
+    them. Each tensor is converted and written in turn: no second copy of the model."""
     if not isinstance(model, HFModel):
         raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
     if is_int8_products(model.module):
         raise ValueError("hf.save writes float weights; this model was loaded with quantize='int8'")
+    parse_shard_size(max_shard_size)  # ValueError before anything is written
     model_type = model.hf_config.get("model_type")
     family_for(model_type, where="hf.save")  # UnsupportedConfigError (a ValueError) for others
-    state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model.hf_config)
+    state = params_to_lazy_hf_state(model.variables, model.hf_config)
     hf_config = {**model.hf_config, "dtype": model.config.param_dtype}
-    return write_hf_dir(path, hf_config, state, model.generation_config, model.source)
+    return write_hf_dir(
+        path, hf_config, state, model.generation_config, model.source, max_shard_size
+    )

@@ -31,7 +31,14 @@ from flax_transformer.interop.convert import (
     torch_state_to_params,
 )
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.naming import flax_path_to_torch_key, is_transposed
+from flax_transformer.interop.safetensors_stream import LazyArray
+from flax_transformer.spec.naming import (
+    LEAF_TO_TORCH,
+    convert_layout,
+    flatten_params,
+    flax_path_to_torch_key,
+    is_transposed,
+)
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.tree_check import ConversionError, check_tree
 from flax_transformer.spec.validate import weight_problems
@@ -61,6 +68,7 @@ __all__ = [
     "normalize_hf_state",
     "numpy_dtype",
     "params_to_hf_state",
+    "params_to_lazy_hf_state",
     "tied_groups",
     "unused_keys",
 ]
@@ -207,14 +215,19 @@ def hf_to_canonical(
     fused_hf = _fused_regexes(family)[0] if fused else None
     canonical = {}
     for key, value in state.items():
-        value = np.asarray(value)
+        if not isinstance(value, LazyArray):  # read lazily: converted when asked for
+            value = np.asarray(value)
         if key == "final_logits_bias":
             canonical["logits_bias.bias"] = value.reshape(-1)
             continue
         match = fused_hf.match(key) if fused_hf else None
         if match:
             layer, leaf = match["i"], match["p"]
-            pieces = np.split(value, 3, axis=-1)  # (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            # (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            if isinstance(value, LazyArray):
+                pieces = value.split(3, axis=-1)
+            else:
+                pieces = np.split(value, 3, axis=-1)
             for name, piece in zip(("query", "key", "value"), pieces, strict=True):
                 if leaf == "weight" and fused.transposed:
                     piece = piece.T  # Conv1D (in, out) -> (out, in)
@@ -260,7 +273,9 @@ def canonical_to_hf(state: Mapping[str, Any], hf_config: str | Mapping[str, Any]
         pieces = [parts[n] for n in ("query", "key", "value")]
         if leaf == "weight" and fused.transposed:
             pieces = [np.transpose(p) for p in pieces]  # (out, in) -> Conv1D (in, out)
-        hf[fused.hf_template.format(i=layer, p=leaf)] = np.concatenate(pieces, axis=-1)
+        lazy = any(isinstance(p, LazyArray) for p in pieces)
+        join = LazyArray.concatenate if lazy else np.concatenate
+        hf[fused.hf_template.format(i=layer, p=leaf)] = join(pieces, axis=-1)
     return hf
 
 
@@ -387,5 +402,27 @@ def params_to_hf_state(
     prefix, cut = family.prefix, family.prefix and not family.saved_prefix(hf_config)
     return {
         (k[len(prefix) :] if cut and k.startswith(prefix) else k): np.ascontiguousarray(v)
+        for k, v in state.items()
+    }
+
+
+def params_to_lazy_hf_state(
+    params: Mapping[str, Any], hf_config: str | Mapping[str, Any]
+) -> dict[str, LazyArray]:
+    """params_to_hf_state as LazyArrays: each tensor is made (transposed, fused, copied) only
+    when asked for, so that a writer holds one converted tensor at a time beside the params."""
+    flat = flatten_params(params)
+    for path in flat:
+        if path[-1] not in LEAF_TO_TORCH:
+            raise ConversionError(f"unknown parameter leaf {'/'.join(path)!r}")
+    canonical = {
+        flax_path_to_torch_key(path): convert_layout(path, LazyArray.of(leaf))
+        for path, leaf in flat.items()
+    }
+    state = canonical_to_hf(canonical, hf_config)
+    family, hf_config = _family_config(hf_config)
+    prefix, cut = family.prefix, family.prefix and not family.saved_prefix(hf_config)
+    return {
+        (k[len(prefix) :] if cut and k.startswith(prefix) else k): LazyArray.of(v)
         for k, v in state.items()
     }
