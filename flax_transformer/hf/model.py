@@ -237,7 +237,9 @@ QUANTIZE = (None, "int8")
 def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) -> HFModel:
     """A save_pretrained directory (marian, bart, mbart, gpt2, t5, mt5, umt5) as an HFModel
     whose weights are cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g.
-    parity checks).
+    parity checks; "bfloat16" keeps a bfloat16 checkpoint's bits), held as JAX arrays. The
+    weights (model.safetensors or a sharded model.safetensors.index.json) are read, converted
+    and cast one tensor at a time: no copy of the whole model in another dtype on the way.
 
     `quantize="int8"`: the Dense kernels and the embedding table held as int8 with one float32
     scale per output channel, every matrix product computed as dynamic int8 (activations
@@ -278,6 +280,8 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
         if kind == ENCODER:
             raise ValueError("quantize='int8' is for seq2seq and LM models, not a bare encoder")
         module, params = int8_products_model(module), quantize_for_products(params)
+    else:
+        params = _on_device(params)
     return HFModel(
         module=module,
         variables=params,
@@ -286,6 +290,17 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
         generation_config=checkpoint.generation_config,
         source=path,
     )
+
+
+def _on_device(tree: dict) -> dict:
+    """The numpy leaves of a nested dict as JAX arrays on the default device, one leaf at a
+    time, each numpy array dropped as soon as it is placed (never two copies of the model)."""
+    out = {}
+    for name in list(tree):
+        leaf = tree.pop(name)
+        out[name] = _on_device(leaf) if isinstance(leaf, dict) else jax.device_put(leaf)
+        del leaf
+    return out
 
 
 def save(

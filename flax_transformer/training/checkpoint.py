@@ -165,8 +165,13 @@ class Checkpointer:
         state: TrainState,
         loader_state: dict[str, int] | None = None,
         extra: dict[str, Any] | None = None,
+        host_copy: bool = True,
     ) -> int:
-        """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`."""
+        """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`.
+        `host_copy=False` saves the arrays as they are, without the host copy a donated train
+        state needs: for a caller whose arrays nothing changes until `wait` (hf import of a
+        multi-GB checkpoint, which a copy would double)."""
+        copy = _host_copy if host_copy else (lambda tree: tree)
         step = int(state.step)
         self.wait()  # the previous save is complete (or its failure reported) first
         try:
@@ -191,8 +196,8 @@ class Checkpointer:
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
-                    params=ocp.args.StandardSave(_host_copy(state.params)),
-                    opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
+                    params=ocp.args.StandardSave(copy(state.params)),
+                    opt_state=ocp.args.StandardSave(copy(state.opt_state)),
                     meta=ocp.args.JsonSave(meta),
                 ),
             )
