@@ -172,7 +172,9 @@ def cpu_name() -> str:
     """lscpu's model name (platform.processor() where lscpu is missing)."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line)
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
+        )
     except (OSError, subprocess.CalledProcessError, StopIteration):
         return platform.processor()
 

@@ -19,8 +19,8 @@ from flax_transformer.hf.checkpoint import (
 )
 from flax_transformer.hf.config import check_hf_config, hf_to_config, model_kind
 from flax_transformer.hf.families import Family, family_for
-from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
+from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_lazy_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.int8_products import (

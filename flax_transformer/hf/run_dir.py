@@ -137,5 +137,6 @@ def export_run(
         source=run_dir / HF_TOKENIZER_DIR,
     )
     with staged_directory(hf_dir, force=force, what="HF_DIR") as staging:
-        save(model, staging, max_shard_size)  # no old file of a replaced HF_DIR stays beside the new ones
+        # No old file of a replaced HF_DIR stays beside the new ones.
+        save(model, staging, max_shard_size)
     return hf_dir

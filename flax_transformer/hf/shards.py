@@ -102,7 +102,9 @@ def write_weights(
         "metadata": {"total_parameters": total_parameters, "total_size": sum(sizes.values())},
         "weight_map": weight_map,
     }
-    atomic_write_text(directory / SAFETENSORS_INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(
+        directory / SAFETENSORS_INDEX, json.dumps(index, indent=2, sort_keys=True) + "\n"
+    )
     return directory / SAFETENSORS_INDEX
 
 

@@ -30,8 +30,8 @@ from flax_transformer.interop.convert import (
     flax_to_torch_state,
     torch_state_to_params,
 )
-from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.interop.safetensors_stream import LazyArray
+from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.naming import (
     LEAF_TO_TORCH,
     convert_layout,

@@ -82,21 +82,25 @@ class LazyArray:
 
     @property
     def T(self) -> LazyArray:  # noqa: N802 (numpy's name)
+        """The transpose (all axes reversed), lazily."""
         return self._then(self.shape[::-1], self.dtype, lambda a: a.T)
 
     def transpose(self, *axes) -> LazyArray:
+        """ndarray.transpose(*axes), lazily (np.transpose(lazy) calls it)."""
         if len(axes) == 1 and not isinstance(axes[0], int):  # transpose((1, 0)), transpose(None)
             axes = () if axes[0] is None else tuple(axes[0])
         order = axes or tuple(range(self.ndim))[::-1]
         return self._then([self.shape[i] for i in order], self.dtype, lambda a: a.transpose(order))
 
     def astype(self, dtype, copy: bool = False) -> LazyArray:
+        """Cast to `dtype` when read (itself when it already is that dtype)."""
         dtype = np.dtype(dtype)
         if dtype == self.dtype and not copy:
             return self
         return self._then(self.shape, dtype, lambda a: a.astype(dtype))
 
     def reshape(self, *shape, order: str = "C") -> LazyArray:
+        """ndarray.reshape(*shape) in C order (one -1 allowed), lazily."""
         if order != "C":
             raise NotImplementedError("LazyArray.reshape is C order only")
         shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
@@ -125,7 +129,9 @@ class LazyArray:
         total = sum(a.shape[axis] for a in arrays)
         shape = first.shape[:axis] + (total,) + first.shape[axis + 1 :]
         dtype = np.result_type(*(a.dtype for a in arrays))
-        return LazyArray(shape, dtype, lambda: np.concatenate([np.asarray(a) for a in arrays], axis))
+        return LazyArray(
+            shape, dtype, lambda: np.concatenate([np.asarray(a) for a in arrays], axis)
+        )
 
 
 # ----------------------------------------------------------------------------- reading
