@@ -83,7 +83,8 @@ def import_run(hf_dir: str | Path, run_dir: str | Path, dtype: str = "float32") 
             staging, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
             imported_from=str(hf_dir),
         )  # fmt: skip
-        checkpointer = Checkpointer(staging / layout.CHECKPOINTS)
+        # Uncompressed: compressing holds a second, encoded copy of the weights while it runs.
+        checkpointer = Checkpointer(staging / layout.CHECKPOINTS, compress=False)
         try:
             state = TrainState(
                 step=jnp.array(0, jnp.int32),

@@ -54,8 +54,13 @@ class LazyArray:
     (`np.asarray`); `.T`, `.transpose()`, `.astype`, `.reshape`, `split` and `concatenate`
     return new LazyArrays that apply themselves after the load."""
 
-    def __init__(self, shape: Iterable[int], dtype, load: Callable[[], np.ndarray]):
+    def __init__(
+        self, shape: Iterable[int], dtype, load: Callable[[], np.ndarray], owned: bool = False
+    ):
         self.shape, self.dtype, self._load = tuple(int(n) for n in shape), np.dtype(dtype), load
+        # Whether each load gives a buffer nobody else holds (a file read, a copy): a consumer
+        # may keep it as it is instead of copying it.
+        self.owned = owned
 
     @classmethod
     def of(cls, array) -> LazyArray:
@@ -77,8 +82,9 @@ class LazyArray:
             raise AssertionError(f"{self!r} loaded as {array.shape} {array.dtype}")
         return array if dtype is None else array.astype(dtype, copy=False)
 
-    def _then(self, shape, dtype, step: Callable[[np.ndarray], np.ndarray]) -> LazyArray:
-        return LazyArray(shape, dtype, lambda: step(np.asarray(self)))
+    def _then(self, shape, dtype, step, owned: bool | None = None) -> LazyArray:
+        owned = self.owned if owned is None else owned
+        return LazyArray(shape, dtype, lambda: step(np.asarray(self)), owned)
 
     @property
     def T(self) -> LazyArray:  # noqa: N802 (numpy's name)
@@ -97,7 +103,7 @@ class LazyArray:
         dtype = np.dtype(dtype)
         if dtype == self.dtype and not copy:
             return self
-        return self._then(self.shape, dtype, lambda a: a.astype(dtype))
+        return self._then(self.shape, dtype, lambda a: a.astype(dtype), owned=True)
 
     def reshape(self, *shape, order: str = "C") -> LazyArray:
         """ndarray.reshape(*shape) in C order (one -1 allowed), lazily."""
@@ -109,14 +115,23 @@ class LazyArray:
         return self._then(new, self.dtype, lambda a: a.reshape(shape))
 
     def split(self, parts: int, axis: int = -1) -> list[LazyArray]:
-        """np.split(self, parts, axis) as LazyArrays (each reads the whole source when asked)."""
+        """np.split(self, parts, axis) as LazyArrays, each a copy. The source is read once for
+        all of them and dropped when the last has been read (read them together)."""
         axis = axis % self.ndim
         width = self.shape[axis] // parts
         shape = self.shape[:axis] + (width,) + self.shape[axis + 1 :]
+        held: dict[str, Any] = {"array": None, "left": set(range(parts))}
 
         def piece(i):
             index = (slice(None),) * axis + (slice(i * width, (i + 1) * width),)
-            return self._then(shape, self.dtype, lambda a: np.ascontiguousarray(a[index]))
+
+            def load():
+                source = held["array"] if held["array"] is not None else np.asarray(self)
+                held["left"].discard(i)
+                held["array"] = source if held["left"] else None
+                return np.array(source[index])
+
+            return LazyArray(shape, self.dtype, load, owned=True)
 
         return [piece(i) for i in range(parts)]
 
@@ -130,7 +145,7 @@ class LazyArray:
         shape = first.shape[:axis] + (total,) + first.shape[axis + 1 :]
         dtype = np.result_type(*(a.dtype for a in arrays))
         return LazyArray(
-            shape, dtype, lambda: np.concatenate([np.asarray(a) for a in arrays], axis)
+            shape, dtype, lambda: np.concatenate([np.asarray(a) for a in arrays], axis), True
         )
 
 
@@ -187,9 +202,8 @@ def open_safetensors(path: str | Path) -> tuple[dict[str, LazyArray], dict[str, 
     for name, info in header.items():
         dtype = _dtype(_DTYPES[info["dtype"]])
         begin, end = info["data_offsets"]
-        tensors[name] = LazyArray(
-            info["shape"], dtype, _reader(path, start + begin, end - begin, dtype, info["shape"])
-        )
+        read = _reader(path, start + begin, end - begin, dtype, info["shape"])
+        tensors[name] = LazyArray(info["shape"], dtype, read, owned=True)
     return tensors, metadata
 
 

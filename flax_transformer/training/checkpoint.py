@@ -134,11 +134,27 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 _drop_closed_loop_callbacks.previous = sys.__unraisablehook__
 
 
+def _array_handler(compress: bool) -> ocp.StandardCheckpointHandler:
+    """Orbax's StandardCheckpointHandler, its arrays zstd-compressed or not. (The switch is
+    its inner PyTreeCheckpointHandler's: the handler, and so what restores it, stays the same.)"""
+    handler = ocp.StandardCheckpointHandler()
+    if not compress:
+        handler._impl = ocp.PyTreeCheckpointHandler(
+            save_concurrent_gb=96, restore_concurrent_gb=96, use_compression=False
+        )
+    return handler
+
+
 class Checkpointer:
     """The Orbax checkpoints of one run in `directory` (the last `keep` steps): asynchronous
     saves, restores that name what is damaged."""
 
-    def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
+    def __init__(
+        self, directory: str | Path, keep: int = 3, create: bool = True, compress: bool = True
+    ):
+        """`compress=False` writes the arrays without zstd: as fast as the disk, and without
+        the encoded copy tensorstore holds while it compresses (about the arrays' size again;
+        hf import of a multi-GB checkpoint). Any Checkpointer restores either."""
         _quiet_orbax_write_errors()
         self.directory = Path(directory).absolute()
         self._pending: int | None = None  # the step of a save that may still be in flight
@@ -150,7 +166,7 @@ class Checkpointer:
             self.directory,
             options=options,
             item_handlers={
-                "params": ocp.StandardCheckpointHandler(),
+                "params": _array_handler(compress),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler(),
             },
