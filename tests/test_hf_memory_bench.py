@@ -1,5 +1,5 @@
 """bench.hf_memory: its synthetic checkpoint is one transformers and hf.load read, sharded as
-save_pretrained shards; the whole run (subprocesses, table, JSON) in the slow pass."""
+save_pretrained shards; the whole run (subprocesses, table, JSON). Both in the slow pass."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bench import hf_memory
 from flax_transformer import hf
 
 
+@pytest.mark.slow  # transformers' from_pretrained and hf.load of a 3 MB model (about 10 s)
 def test_the_synthetic_checkpoint_is_a_sharded_bfloat16_save(tmp_path):
     from transformers import AutoModelForCausalLM
 
