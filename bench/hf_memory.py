@@ -11,12 +11,13 @@ config built on the meta device (no weights are allocated), the tied copies left
 save_pretrained leaves them out. A tiny word-level tokenizer goes along (a run needs one).
 
 Then, each in its own subprocess, timed, its peak resident set size read from os.wait4:
-1. `ftx hf import` of a tiny model of the same family (the Python + JAX + transformers
-   baseline),
+1. `ftx hf import` of a tiny model of the same family (the Python + JAX + transformers +
+   Orbax baseline of an import),
 2. `ftx hf import CKPT --workdir RUN --dtype bfloat16` (the run keeps bfloat16 parameters),
-3. `ftx hf export --workdir RUN --out OUT --max-shard-size ...`.
+3. `ftx hf export` of the tiny run (the baseline of an export),
+4. `ftx hf export --workdir RUN --out OUT --max-shard-size ...`.
 Prints a table and writes JSON (`--json`, default bench/results/hf_memory_<family>.json). The
-target: peak RSS - baseline <= 1.3 x the checkpoint's bytes. Every multi-GB file is deleted at
+target: peak RSS - its baseline <= 1.3 x the checkpoint's bytes. Every multi-GB file is deleted at
 the end (`--keep` keeps them).
 """
 
@@ -202,6 +203,11 @@ def run(
             ),
         }  # fmt: skip
         shutil.rmtree(big) if not keep else None  # the export's disk space
+        rows["baseline (tiny export)"] = measured(
+            ftx(
+                "export", "--workdir", str(workdir / "tiny_run"), "--out", str(workdir / "tiny_out")
+            )
+        )
         rows["export"] = measured(
             ftx("export", "--workdir", str(workdir / "run"), "--out", str(workdir / "out"),
                 "--max-shard-size", max_shard_size)
@@ -210,8 +216,9 @@ def run(
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    baseline = rows["baseline (tiny import)"]["peak_rss_mb"]
-    for row in rows.values():
+    for name, row in rows.items():  # each command against its own tiny run
+        step = "export" if "export" in name else "import"
+        baseline = rows[f"baseline (tiny {step})"]["peak_rss_mb"]
         row["over_baseline_x_checkpoint"] = round(
             (row["peak_rss_mb"] - baseline) * 2**20 / nbytes, 3
         )
