@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--workdir", metavar="RUN", help="the run directory to create (new or empty)")
     imp.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16", "float16"),
+        choices=("float32", "bfloat16"),
         default="float32",
         help="the run's parameter dtype (default float32; bfloat16 keeps a bfloat16 "
         "checkpoint's bits and half the memory)",
