@@ -27,3 +27,16 @@ def float32_products_in_float32():
     if jax.default_backend() != "cpu":
         jax.config.update("jax_default_matmul_precision", "highest")
     yield
+
+
+def pytest_report_header(config):
+    """Which native kernels the session can run (their tests skip where one is not built: `ftx
+    kernels build`), read without JAX and without loading them."""
+    from flax_transformer.kernels import cache, cpu
+    from flax_transformer.kernels.libraries import LIBRARIES
+
+    states = []
+    for name, lib in LIBRARIES.items():
+        lacking = cpu.platform_problem() or cpu.missing_flags(lib.cpu)
+        states.append(f"{name} {'(not for this CPU)' if lacking else cache.check(lib).state}")
+    return f"native kernels in {cache.kernel_dir()}: {', '.join(states)}"

@@ -11,7 +11,7 @@ A thin wrapper: the command lives in the package (flax_transformer/cli/train.py;
 hooks=[...])` keeps working, and so do the helpers the old file offered (train.parse_args, ...).
 """
 
-import sys
+from flax_transformer.cli.process import exit_process
 
 if __name__ == "__main__":  # before JAX loads: keep the step's memory mapped (host_memory.py)
     from flax_transformer.training.host_memory import reexec_with_tuned_malloc
@@ -22,4 +22,4 @@ from flax_transformer.cli.train import *  # noqa: F403  (train.parse_args etc. a
 from flax_transformer.cli.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

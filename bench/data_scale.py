@@ -121,8 +121,8 @@ def run_one(tmp: Path, count: int, steps: int) -> dict:
 
 def loader_times(workdir: Path) -> dict:
     """One epoch plan and 200 batches of BatchLoader over the run's cache, in this process."""
-    from flax_transformer.training.data import BatchLoader, plan_batches
-    from flax_transformer.training.token_cache import CachedDataset
+    from flax_transformer.data.pipeline import BatchLoader, plan_batches
+    from flax_transformer.data.token_cache import CachedDataset
 
     dataset = CachedDataset(next((workdir / "token_cache").iterdir()))
     t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def loadavg() -> str:
 
 def held_out_set(run_dir: Path, run, config):
     """The validation Dataset train.py evaluated, rebuilt from run.json's flags."""
-    from flax_transformer.training.data import encode_pairs, generate_task, held_out
+    from flax_transformer.data.pipeline import encode_pairs, generate_task, held_out
     from flax_transformer.training.options import DataOptions
 
     args = json.loads((run_dir / "run.json").read_text())["args"]
@@ -107,12 +107,12 @@ def main(argv=None) -> int:
     import jax
     import torch
 
+    from flax_transformer.cli.export import main as export_main
+    from flax_transformer.data.pipeline import eval_batches
     from flax_transformer.decoding import Greedy, generate
-    from flax_transformer.export.cli import main as export_main
     from flax_transformer.export.int8 import int8_model, quantize_variables, tree_nbytes
     from flax_transformer.export.torch_int8 import greedy_torch, load_torch_int8, quantize_twin
     from flax_transformer.export.torch_twin import torch_twin
-    from flax_transformer.training.data import eval_batches
     from flax_transformer.training.run import load_run
 
     torch.set_num_threads(args.torch_threads)

@@ -321,11 +321,11 @@ def run(args, argv: list[str]) -> dict:
         "cpu": ct2_peer.cpu_info(),
         "ctranslate2": ct2_peer.version(),
         "ctranslate2_skipped": ct2_missing,
-        # which int8 product ran: nn.int8_amx's kernel, or XLA's dot and why
+        # which int8 product ran: kernels.int8_amx's kernel, or XLA's dot and why
         "int8_kernel": (_int8_kernel() if args.quantize else None),
-        # which float32 product generation ran: nn.f32_packed's kernel, or XLA's dot and why
+        # which float32 product generation ran: kernels.f32_packed's kernel, or XLA's dot and why
         "f32_kernel": _f32_kernel(),
-        # how beam search moved its cache: decoding.beam_reorder in place, or XLA's gather
+        # how beam search moved its cache: kernels.beam_reorder in place, or XLA's gather
         "reorder_kernel": _reorder_kernel(),
         "ct2_intra_threads": threads if ct2_models else None,
         "loadavg_start": load_start,
@@ -347,24 +347,24 @@ def run(args, argv: list[str]) -> dict:
 
 
 def _int8_kernel() -> str:
-    from flax_transformer.nn import int8_amx
+    from flax_transformer.kernels import KERNELS
 
-    why = int8_amx.reason_unavailable()
+    why = KERNELS.int8.reason_unavailable()
     return "amx" if why is None else f"xla ({why})"
 
 
 def _f32_kernel() -> str:
-    from flax_transformer.nn import f32_packed
+    from flax_transformer.kernels import KERNELS
 
-    build, why = f32_packed.variant()
-    return f"{build} (packed weights)" if why is None else f"xla ({why})"
+    choice = KERNELS.f32.choose()
+    return f"{choice.build} (packed weights)" if choice.why is None else f"xla ({choice.why})"
 
 
 def _reorder_kernel() -> str:
-    from flax_transformer.decoding import beam_reorder
+    from flax_transformer.kernels import KERNELS
 
-    why = beam_reorder.reason_unavailable()
-    return "in place (decoding.beam_reorder)" if why is None else f"XLA's gather ({why})"
+    why = KERNELS.reorder.reason_unavailable()
+    return "in place (kernels.beam_reorder)" if why is None else f"XLA's gather ({why})"
 
 
 def format_table(result: dict) -> str:

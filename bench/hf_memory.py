@@ -166,7 +166,7 @@ def measured(command: list[str]) -> dict:
 
 def ftx(*args: str) -> list[str]:
     """The `ftx hf` command line of this checkout's interpreter."""
-    return [sys.executable, "-m", "flax_transformer.hf", *args]
+    return [sys.executable, "-m", "flax_transformer.cli", "hf", *args]
 
 
 def cpu_name() -> str:

@@ -37,7 +37,7 @@ loop, the first rule that matches the op_name decides:
 - cache_reorder: `take_along_axis` ops outside the model whose result is floating point of
   rank >= 4, i.e. the self-attention cache leaves gathered by parent beam
   (`CachedState.reordered`), and the copies XLA adds for them; on the CPU the in-place
-  reorder's custom calls instead (`/beam_reorder/`, decoding.beam_reorder);
+  reorder's custom calls instead (`/beam_reorder/`, kernels.beam_reorder);
 - beam_log_softmax: `log_softmax`; beam_top_k: `top_k` (both top-k's of transformers' rules);
 - beam_other: every other op of the loop body outside the model: above all the (B, K * V)
   candidate scores (log_softmax's last subtraction, the processors' masks and the running

@@ -1,68 +1,11 @@
-"""Demo: build the torch twin, convert its weights to Flax, and print the parity measured.
+"""`python -m flax_transformer.demo [--seed N]` = `ftx demo` (cli/demo.py)."""
 
-python -m flax_transformer.demo [--seed N]
-"""
+from flax_transformer.cli.demo import main
+from flax_transformer.cli.process import exit_process
+from flax_transformer.lazy import moved_module
 
-from __future__ import annotations
-
-import argparse
-import sys
-
-import numpy as np
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse the demo's flags (--seed only); an argparse error (exit 2) for a negative seed."""
-    parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.demo",
-        description="Build the PyTorch twin (the `small` preset), convert its weights to Flax and "
-        "print the float64 and float32 logits error measured between the two. Writes no files.",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default: 0)")
-    args = parser.parse_args(argv)
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Build the torch twin of the `small` preset, convert its weights to Flax and print the logits
-    error between the two in float64 and float32; return 0."""
-    args = parse_args(argv)
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import torch
-
-    import torch_reference
-    from flax_transformer import Transformer, preset
-    from flax_transformer.interop.convert import torch_state_to_flax
-    from flax_transformer.spec.numerics import error_stats
-
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    for dtype in ("float64", "float32"):
-        # train.py's default size; vocabularies that differ, so a wrong transpose cannot pass.
-        config = preset(
-            "small", src_vocab_size=300, tgt_vocab_size=320, dtype=dtype, param_dtype=dtype
-        )
-        torch_model = torch_reference.Transformer(config).eval()
-        params = torch_state_to_flax(torch_reference.state_dict_to_numpy(torch_model), config)
-        src = rng.integers(1, 300, (4, 24))
-        tgt = rng.integers(1, 320, (4, 20))
-        src[1, 15:] = config.pad_id  # ragged padding
-        tgt[2, 11:] = config.pad_id
-        with jax.default_matmul_precision("highest"):
-            flax_logits = np.asarray(Transformer(config).apply(params, src, tgt))
-        with torch.no_grad():
-            torch_logits = torch_model(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
-        max_abs, rel = error_stats(flax_logits, torch_logits)
-        print(
-            f"{dtype}: logits {flax_logits.shape}, max abs error {max_abs:.3e}, "
-            f"relative error {rel:.3e}"
-        )
-    return 0
-
+# Its other names (the command lived here before 0.3) resolve from there, with a warning.
+__getattr__ = moved_module(__name__, "flax_transformer.cli.demo")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

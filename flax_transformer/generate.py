@@ -1,8 +1,7 @@
-"""`python -m flax_transformer.generate --workdir RUN`: the decoding CLI (lives in decoding.cli)."""
+"""`python -m flax_transformer.generate --workdir RUN` = `ftx generate` (cli/generate.py)."""
 
-import sys
-
-from flax_transformer.decoding.cli import main
+from flax_transformer.cli.generate import main
+from flax_transformer.cli.process import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -61,7 +61,7 @@ def moved_module(old: str, new: str):
     this way for one release."""
 
     def __getattr__(name: str):
-        if name.startswith("__"):
+        if name.startswith("_"):  # private names were never promised (and tools probe them)
             raise AttributeError(f"module {old!r} has no attribute {name!r}")
         warn_moved(f"{old}.{name}", f"{new}.{name}")
         return getattr(importlib.import_module(new), name)

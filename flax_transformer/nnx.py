@@ -29,12 +29,12 @@ from flax import nnx
 from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
+from flax_transformer.data.packing import batch_model_kwargs
 from flax_transformer.interop.convert import check_flax_params
 from flax_transformer.nn.kinds import init_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind, model_inputs
 from flax_transformer.spec.naming import flatten_params, unflatten_params
-from flax_transformer.training.packing import batch_model_kwargs
 from flax_transformer.training.steps import loss_from_logits
 
 

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flax_transformer import interop
+from flax_transformer.cli.nn_transformer_check import main as interop_cli
 from flax_transformer.interop import (
     ConversionError,
     NNTransformer,
@@ -29,7 +30,6 @@ from flax_transformer.interop import (
     to_nn_transformer_state,
     torch_attention_mask,
 )
-from flax_transformer.interop.__main__ import main as interop_cli
 from flax_transformer.spec.numerics import assert_close
 from torch_reference import load_numpy_state, state_dict_to_numpy
 

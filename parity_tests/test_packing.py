@@ -12,16 +12,16 @@ import pytest
 import torch
 
 import torch_reference
-from flax_transformer.interop.convert import torch_state_to_flax
-from flax_transformer.nn.kinds import model_for
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training.data import Dataset, Pair, make_batch
-from flax_transformer.training.packing import (
+from flax_transformer.data.packing import (
     PackingError,
     pack_examples,
     packed_model_kwargs,
     plan_packed_batches,
 )
+from flax_transformer.data.pipeline import Dataset, Pair, make_batch
+from flax_transformer.interop.convert import torch_state_to_flax
+from flax_transformer.nn.kinds import model_for
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.steps import compute_logits, smoothed_cross_entropy
 
 from .helpers import small_config

@@ -13,3 +13,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[dev,export,bench]"
+# The native kernels (C++, jax.ffi), built once into the kernel cache (docs/kernels.md). Without
+# a compiler the install still works: the library runs XLA's own operations in their place.
+.venv/bin/ftx kernels build || echo "setup: the native kernels were not built (the line above says why); everything runs without them" >&2

@@ -11,10 +11,10 @@ import numpy as np
 import optax
 
 from flax_transformer import TransformerConfig
+from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.state import create_train_state
-from flax_transformer.training.tokenizer import ByteTokenizer
 
 CONFIG = TransformerConfig(
     src_vocab_size=259, tgt_vocab_size=259, d_model=32, num_heads=4, d_ff=48,

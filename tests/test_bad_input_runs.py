@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import train
-from flax_transformer.decoding.cli import main as generate_main
+from flax_transformer.cli.generate import main as generate_main
 from flax_transformer.files.atomic_io import atomic_path
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.training.checkpoint import (
@@ -26,7 +26,7 @@ from flax_transformer.training.checkpoint import (
     CheckpointReadError,
     CheckpointWriteError,
 )
-from flax_transformer.training.run import load_run
+from flax_transformer.training.run import RunLoadError, load_run, open_run
 from flax_transformer.training.state import create_train_state
 
 from .test_generate import CONFIG, fabricate_run
@@ -306,3 +306,14 @@ def test_only_process_0_writes_the_file_list(tmp_path, monkeypatch):
     checkpointer.close()
     assert (directory / "1").is_dir()
     assert not (directory / "1" / checkpoint_files.FILE_LIST).exists()
+
+
+def test_open_run_says_in_one_line_why_a_command_cannot_use_a_workdir(run_dir, tmp_path):
+    with pytest.raises(RunLoadError, match=r"--workdir .*nope is not a directory"):
+        open_run(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunLoadError, match=r"cannot load run .*empty: .*config.json is missing"):
+        open_run(tmp_path / "empty")
+    with pytest.raises(RunLoadError, match="holds a seq2seq model; classify needs a model of kind"):
+        open_run(run_dir, kinds=("encoder",), purpose="classify")
+    assert open_run(run_dir, kinds=("seq2seq", "lm")).model_kind == "seq2seq"

@@ -11,14 +11,14 @@ import math
 import pytest
 
 import train
-from flax_transformer.decoding import cli as generate_cli
+from flax_transformer.cli import convert
+from flax_transformer.cli import generate as generate_cli
+from flax_transformer.cli import parity as parity_cli
+from flax_transformer.data.tokenizer import BPETokenizer
 from flax_transformer.decoding.strategies import Beam, Sample
-from flax_transformer.interop import convert
-from flax_transformer.parity import cli as parity_cli
 from flax_transformer.spec.config import FIELD_RULES, TransformerConfig
 from flax_transformer.spec.validate import Bool, Choice, Float, Int
 from flax_transformer.training.options import DataOptions, OptionError, TrainOptions, rule_of
-from flax_transformer.training.tokenizer import BPETokenizer
 
 NAN, INF = float("nan"), float("inf")
 

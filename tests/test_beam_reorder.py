@@ -1,4 +1,4 @@
-"""decoding.beam_reorder: beam search's KV-cache reorder in place on the CPU. It must give the
+"""kernels.beam_reorder: beam search's KV-cache reorder in place on the CPU. It must give the
 gather's cache in every slot a search reads, alias the loop's buffer (no copy), and fall back
 to the gather (or say why not) where it cannot run."""
 
@@ -9,14 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.decoding import Beam, beam_reorder, generate
+from flax_transformer.decoding import Beam, generate
 from flax_transformer.decoding.cache import CachedState, _gather_beams, init_cache
+from flax_transformer.kernels import beam_reorder, cpu
+from flax_transformer.kernels.switches import KERNELS, SwitchError
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.presets import preset
 
+SWITCH = KERNELS.reorder.variable
+WHY_NOT = KERNELS.reorder.reason_unavailable() if KERNELS.reorder.value() != "xla" else "xla"
 needs_kernel = pytest.mark.skipif(
-    beam_reorder.reason_unavailable() is not None,
-    reason=f"the reorder kernel does not run here: {beam_reorder.reason_unavailable()}",
+    WHY_NOT is not None, reason=f"the reorder kernel does not run here: {WHY_NOT}"
 )
 
 # Each row's parents: kept, a swap (both sources overwritten), one parent for all, a cycle.
@@ -77,22 +80,22 @@ def test_in_a_loop_the_cache_is_moved_in_place_without_a_copy():
 
 
 def test_switch_values(monkeypatch):
-    monkeypatch.setenv(beam_reorder.SWITCH, "fast")
-    with pytest.raises(ValueError, match="FLAX_TRANSFORMER_REORDER_KERNEL='fast'"):
-        beam_reorder.use_native()
-    monkeypatch.setenv(beam_reorder.SWITCH, "xla")
-    assert beam_reorder.reason_unavailable() == "FLAX_TRANSFORMER_REORDER_KERNEL=xla"
-    assert not beam_reorder.use_native()
+    monkeypatch.setenv(SWITCH, "fast")
+    with pytest.raises(SwitchError, match="FLAX_TRANSFORMER_REORDER_KERNEL='fast'"):
+        KERNELS.reorder.active()
+    monkeypatch.setenv(SWITCH, "xla")
+    assert KERNELS.reorder.reason_unavailable() == "FLAX_TRANSFORMER_REORDER_KERNEL=xla"
+    assert not KERNELS.reorder.active()
 
 
 def test_where_it_cannot_run_it_falls_back_or_says_why(monkeypatch):
-    monkeypatch.setattr(beam_reorder, "unsupported_platform", lambda: "no kernels here")
-    monkeypatch.setenv(beam_reorder.SWITCH, "auto")
-    assert beam_reorder.reason_unavailable() == "no kernels here"
-    assert not beam_reorder.use_native()
-    monkeypatch.setenv(beam_reorder.SWITCH, "native")
-    with pytest.raises(ValueError, match="cannot run here: no kernels here"):
-        beam_reorder.use_native()
+    monkeypatch.setattr(cpu, "platform_problem", lambda: "no kernels here")
+    monkeypatch.setenv(SWITCH, "auto")
+    assert KERNELS.reorder.reason_unavailable() == "no kernels here"
+    assert not KERNELS.reorder.active()
+    monkeypatch.setenv(SWITCH, "native")
+    with pytest.raises(SwitchError, match="cannot run here: no kernels here"):
+        KERNELS.reorder.active()
 
 
 @needs_kernel
@@ -124,7 +127,7 @@ def test_the_state_reordered_in_place_equals_the_gathered_one(monkeypatch):
     state = state.replace(cache=jax.tree.map(noisy, state.cache))
     parents = jnp.asarray([[2, 0, 0], [1, 2, 0]], jnp.int32)
     in_place = state.reordered(parents)
-    monkeypatch.setenv(beam_reorder.SWITCH, "xla")
+    monkeypatch.setenv(SWITCH, "xla")
     gathered = state.reordered(parents)
     jax.tree.map(np.testing.assert_array_equal, in_place.cache, gathered.cache)
 
@@ -139,7 +142,7 @@ def test_beam_search_tokens_and_scores_equal_the_gathers(monkeypatch):
     src = np.random.default_rng(2).integers(3, 31, (3, 7))
 
     def search(switch):
-        monkeypatch.setenv(beam_reorder.SWITCH, switch)
+        monkeypatch.setenv(SWITCH, switch)
         jax.clear_caches()  # the path is chosen when the search is traced
         return generate(
             model, params, src, Beam(4, alpha=0.6), max_new_tokens=36, eos_id=5, bos_id=1

@@ -17,9 +17,10 @@ import torch
 
 import train
 from flax_transformer.cli.classify import main as classify_main
-from flax_transformer.hf.__main__ import main as hf_main
+from flax_transformer.cli.hf import main as hf_main
+from flax_transformer.cli.score import main as score_main
+from flax_transformer.data.pipeline import DataError, Pair
 from flax_transformer.training import classification
-from flax_transformer.training.data import DataError, Pair
 
 from . import hf_models
 
@@ -138,6 +139,29 @@ def test_an_unknown_validation_label_is_named_before_anything_is_written(importe
     assert not workdir.exists()
 
 
+def test_a_training_file_with_one_label_is_refused_naming_it(imported, capsys):
+    """One label would train a "classifier" answering it with probability 1 (and transformers
+    reads an exported num_labels=1 as regression): refused before anything is written."""
+    root, run = imported
+    single = root / "single.tsv"
+    single.write_text("w0 w11\tred\nw1 w12\tred\nw2 w13\tred\n")
+    workdir = root / "one_label"
+    argv = ["--task", "classify", "--init-from", str(run), "--train-tsv", str(single)]
+    assert train.main([*argv, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{single}: a classifier needs at least 2 labels" in err
+    assert "only the label 'red'" in err
+    assert not workdir.exists()
+
+
+def test_score_says_an_encoder_run_is_not_scored_here(imported, capsys):
+    root, run = imported  # a bare BertModel: an encoder run, as a classifier run is
+    assert score_main(["--workdir", str(run), "--test-tsv", str(root / "valid.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {run} is an encoder run; `ftx score` scores translation" in err, err
+    assert "Traceback" not in err
+
+
 def test_classify_refuses_a_run_without_a_classifier(imported, capsys):
     _, run = imported  # a bare BertModel
     assert classify_main(["--workdir", str(run)]) == 2
@@ -178,6 +202,13 @@ def test_fine_tune_export_and_transformers_predict_the_same(imported, tmp_path, 
     assert "resumed from step 150" in capsys.readouterr().out
     resumed = json.loads((workdir / "results.json").read_text())
     assert resumed["steps"] == 160 and resumed["accuracy"] >= 0.95
+
+    # `ftx score` says what a classifier run is and what to use (it was an array-shape error).
+    capsys.readouterr()
+    assert score_main(["--workdir", str(workdir), "--test-tsv", str(root / "valid.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{workdir} is a sequence classifier run; `ftx score` scores translation" in err
+    assert "`ftx classify --workdir RUN --input FILE`" in err
 
     assert hf_main(["export", str(workdir), str(tmp_path / "hf")]) == 0
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")

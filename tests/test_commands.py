@@ -43,7 +43,7 @@ def test_ftx_help_lists_every_command_with_one_line(capsys):
         assert f"  {name}" in out and line in out
     assert set(COMMANDS) == {
         "train", "generate", "classify", "score", "convert", "parity", "export", "hf", "launch",
-        "demo",
+        "demo", "info", "kernels",
     }  # fmt: skip
 
 
@@ -70,13 +70,14 @@ def test_ftx_subcommand_help_prints_usage_and_does_nothing_else(
     monkeypatch.chdir(tmp_path)
     code, out, err = run_ftx([name, "--help"], capsys)
     assert code == 0, err
-    assert out.startswith("usage:") and err == ""
+    assert out.startswith(f"usage: ftx {name} ") and err == ""  # the command as users type it
+    assert "python -m" not in out and "python train.py" not in out
     assert list(tmp_path.iterdir()) == []  # no file, no run directory made
 
 
 def test_ftx_dispatches_to_the_commands_main(monkeypatch):
     """`ftx X ARGS` is X's main(ARGS): same function, same arguments, its status returned."""
-    import flax_transformer.launch as launch
+    import flax_transformer.cli.launch as launch
 
     seen = []
     monkeypatch.setattr(launch, "main", lambda argv: seen.append(argv) or 7)
@@ -114,7 +115,7 @@ def test_every_module_entry_point_help_works_and_does_nothing_else(tmp_path):
 
 
 def test_demo_takes_no_positional_arguments(capsys):
-    from flax_transformer.demo import main as demo
+    from flax_transformer.cli.demo import main as demo
 
     with pytest.raises(SystemExit) as done:
         demo(["now"])
@@ -122,7 +123,7 @@ def test_demo_takes_no_positional_arguments(capsys):
 
 
 def test_launch_without_a_command_is_still_a_usage_error(capsys):
-    from flax_transformer.launch import parse_args
+    from flax_transformer.cli.launch import parse_args
 
     with pytest.raises(SystemExit) as done:
         parse_args(["--processes", "2"])
@@ -174,14 +175,14 @@ def test_bad_input_exits_2_naming_the_problem(argv, message, tmp_path, monkeypat
 
 
 def test_interop_bad_settings_exit_2(capsys):
-    from flax_transformer.interop.__main__ import main as interop
+    from flax_transformer.cli.nn_transformer_check import main as interop
 
     assert interop(["--d-model", "30", "--nhead", "4", "--num-encoder-layers", "1"]) == 2
     assert "invalid nn.Transformer settings" in capsys.readouterr().err
 
 
 def test_generate_unreadable_input_exits_2(tmp_path, capsys):
-    from flax_transformer.decoding.cli import read_lines
+    from flax_transformer.cli.generate import read_lines
 
     with pytest.raises(SystemExit) as done:
         read_lines(tmp_path / "missing.txt")
@@ -193,10 +194,10 @@ def test_generate_unreadable_input_exits_2(tmp_path, capsys):
 def test_every_run_reading_command_takes_workdir(tmp_path):
     """The same flag for the run directory in every command; the old positional spelling gives
     the same arguments."""
-    from flax_transformer.decoding.cli import parse_args as generate_args
-    from flax_transformer.export.cli import parse_args as export_args
-    from flax_transformer.hf.__main__ import parse_args as hf_args
-    from flax_transformer.parity.cli import parse_args as parity_args
+    from flax_transformer.cli.export import parse_args as export_args
+    from flax_transformer.cli.generate import parse_args as generate_args
+    from flax_transformer.cli.hf import parse_args as hf_args
+    from flax_transformer.cli.parity import parse_args as parity_args
 
     (tmp_path / "run").mkdir()  # the output beside the run, not inside it (that is refused)
     run, out = str(tmp_path / "run"), str(tmp_path / "out")

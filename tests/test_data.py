@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from flax_transformer.training.data import (
+from flax_transformer.data.pipeline import (
     BatchLoader,
     DataError,
     bucket_boundaries,
@@ -15,7 +15,7 @@ from flax_transformer.training.data import (
     read_text_lines,
     read_tsv,
 )
-from flax_transformer.training.tokenizer import ByteTokenizer
+from flax_transformer.data.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flax_transformer.export.cli import main
+from flax_transformer.cli.export import main
 from flax_transformer.export.output import ExportError, staged_output
 from tests.export_runs import CONFIG, fabricate_run
 

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
+from flax_transformer.cli.export import main
 from flax_transformer.decoding import Greedy, generate
-from flax_transformer.export.cli import main
 from flax_transformer.export.int8 import int8_model, quantize_variables
 from flax_transformer.export.stablehlo import forward_function
 from flax_transformer.training.run import load_run

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from flax_transformer.cli.export import main
 from flax_transformer.decoding import Greedy, generate
-from flax_transformer.export.cli import main
 from flax_transformer.export.onnx_graphs import OPSET, greedy_onnx
 from flax_transformer.export.stablehlo import forward_function
 from flax_transformer.export.torch_int8 import greedy_torch, load_torch_int8, quantize_twin

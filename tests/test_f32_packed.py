@@ -1,4 +1,4 @@
-"""nn.f32_packed / nn.f32_products: float32 products of a few rows on weights packed once, the
+"""kernels.f32_packed / nn.f32_products: float32 products of a few rows on weights packed once, the
 switch between them and XLA's dot, and hf.generate on them. The kernel sums in another order
 than XLA's dot, so products are compared at float32's tolerance (DESIGN: ~1e-5) and
 generation for identical tokens (with transformers, and with XLA's products). Tests that run
@@ -12,12 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.nn import f32_packed, int8_amx, native_build
+from flax_transformer.kernels import cpu, f32_packed, load
+from flax_transformer.kernels.switches import KERNELS, SwitchError
 from flax_transformer.nn.f32_products import PackedF32Matrix, pack_for_products
 
-BUILD, WHY_NOT = f32_packed.variant() if f32_packed.choice() != "xla" else (None, "switch: xla")
+SWITCH = KERNELS.f32.variable
+CHOICE = KERNELS.f32.choose() if KERNELS.f32.value() != "xla" else None
+BUILD, WHY_NOT = (CHOICE.build, CHOICE.why) if CHOICE else (None, "switch: xla")
 needs_kernel = pytest.mark.skipif(BUILD is None, reason=f"kernel unavailable: {WHY_NOT}")
-BOTH = all(f32_packed._why_not(build) is None for build in f32_packed.BUILDS)
+BOTH = all(
+    cpu.missing_flags(("avx512f", "avx2", "fma")) is None and load.load(lib)[1] is None
+    for lib in ("f32_packed_avx512", "f32_packed_avx2")
+)
 needs_both = pytest.mark.skipif(not BOTH, reason="the AVX-512 and AVX2 builds do not both run")
 
 
@@ -38,63 +44,56 @@ def test_pack_layout_and_padding():
 
 
 def test_switch_values(monkeypatch):
-    monkeypatch.setenv(f32_packed.SWITCH, "fast")
-    with pytest.raises(ValueError, match="FLAX_TRANSFORMER_F32_KERNEL='fast'"):
-        f32_packed.choice()
-    monkeypatch.setenv(f32_packed.SWITCH, "xla")
-    assert f32_packed.reason_unavailable() == "FLAX_TRANSFORMER_F32_KERNEL=xla"
-    assert not f32_packed.use_packed()
+    monkeypatch.setenv(SWITCH, "fast")
+    with pytest.raises(SwitchError, match="FLAX_TRANSFORMER_F32_KERNEL='fast'"):
+        KERNELS.f32.value()
+    monkeypatch.setenv(SWITCH, "xla")
+    assert KERNELS.f32.reason_unavailable() == "FLAX_TRANSFORMER_F32_KERNEL=xla"
+    assert not KERNELS.f32.active()
 
 
 def test_cpu_without_avx512_or_avx2_falls_back_or_says_why(monkeypatch):
-    monkeypatch.setattr(f32_packed, "cpu_flags", lambda cpuinfo=None: {"sse4_2"})
-    monkeypatch.setattr(f32_packed, "unsupported_platform", lambda: None)
-    monkeypatch.setenv(f32_packed.SWITCH, "auto")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo=None: {"sse4_2"})
+    monkeypatch.setattr(cpu, "platform_problem", lambda: None)
+    monkeypatch.setenv(SWITCH, "auto")
     why = "avx512: this CPU lacks avx512f; avx2: this CPU lacks avx2 and fma"
-    assert f32_packed.reason_unavailable() == why
-    assert not f32_packed.use_packed()
-    monkeypatch.setenv(f32_packed.SWITCH, "avx512")
-    with pytest.raises(ValueError, match="cannot run here: this CPU lacks avx512f"):
-        f32_packed.use_packed()
+    assert KERNELS.f32.reason_unavailable() == why
+    assert not KERNELS.f32.active()
+    monkeypatch.setenv(SWITCH, "avx512")
+    with pytest.raises(SwitchError, match="cannot run here: this CPU lacks avx512f"):
+        KERNELS.f32.active()
 
 
-@pytest.mark.skipif(f32_packed._why_not("avx2") is not None, reason="the AVX2 build does not run")
+@pytest.mark.skipif(
+    bool(cpu.missing_flags(("avx2", "fma")) or load.load("f32_packed_avx2")[1]),
+    reason="the AVX2 build does not run",
+)
 def test_auto_takes_avx2_without_avx512(monkeypatch):
-    monkeypatch.setattr(f32_packed, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
-    monkeypatch.setenv(f32_packed.SWITCH, "auto")
-    assert f32_packed.variant() == ("avx2", None)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+    monkeypatch.setenv(SWITCH, "auto")
+    choice = KERNELS.f32.choose()
+    assert (choice.build, choice.library, choice.why) == ("avx2", "f32_packed_avx2", None)
 
 
 def test_other_platforms_say_why(monkeypatch):
-    monkeypatch.setattr(native_build.platform, "system", lambda: "Darwin")
-    monkeypatch.setattr(native_build.platform, "machine", lambda: "arm64")
-    monkeypatch.setenv(f32_packed.SWITCH, "auto")
+    monkeypatch.setattr(cpu.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "arm64")
+    monkeypatch.setenv(SWITCH, "auto")
     why = "the kernels need Linux on x86-64, this is Darwin arm64"
-    assert f32_packed.reason_unavailable() == f"avx512: {why}; avx2: {why}"
+    assert KERNELS.f32.reason_unavailable() == f"avx512: {why}; avx2: {why}"
 
 
 def test_kernels_step_aside_when_jax_computes_on_a_gpu(monkeypatch):
     # A jitted program on a GPU cannot call these CPU kernels: a float32 or int8 model on a
     # GPU must keep XLA's products there, whatever the host CPU has.
-    monkeypatch.setattr(native_build.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setenv(f32_packed.SWITCH, "auto")
-    monkeypatch.setenv(int8_amx.SWITCH, "auto")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(cpu, "platform_problem", lambda: None)
+    monkeypatch.setenv(SWITCH, "auto")
+    monkeypatch.setenv(KERNELS.int8.variable, "auto")
     why = "the kernels run on the CPU, JAX computes on gpu here"
-    assert f32_packed.reason_unavailable() == f"avx512: {why}; avx2: {why}"
-    assert not f32_packed.use_packed()
-    assert int8_amx.reason_unavailable() == why
-
-
-def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
-    monkeypatch.setenv("FLAX_TRANSFORMER_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
-    f32_packed._load.cache_clear()
-    try:
-        library, why = f32_packed._load("avx2")
-        assert library is None and why.startswith("building f32_packed.cc with false failed")
-        assert not list(tmp_path.glob("*.so"))  # nothing half-written left
-    finally:
-        f32_packed._load.cache_clear()
+    assert KERNELS.f32.reason_unavailable() == f"avx512: {why}; avx2: {why}"
+    assert not KERNELS.f32.active()
+    assert KERNELS.int8.reason_unavailable() == why
 
 
 def test_pack_for_products_packs_float32_matrices_only():
@@ -194,7 +193,7 @@ def _generate_both_ways(monkeypatch, path, ids, mask, **options):
 
     tokens, models = {}, {}
     for kernel in (BUILD, "xla"):
-        monkeypatch.setenv(f32_packed.SWITCH, kernel)
+        monkeypatch.setenv(SWITCH, kernel)
         model = hf.load(path)
         tokens[kernel] = np.asarray(model.generate(ids, mask, **options))
         models[kernel] = generation._for_generation(model)

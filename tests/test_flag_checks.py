@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from flax_transformer import TransformerConfig
-from flax_transformer import launch as launcher
+from flax_transformer.cli import generate as generate_cli
+from flax_transformer.cli import launch as launcher
 from flax_transformer.cli import train
-from flax_transformer.decoding import cli as generate_cli
+from flax_transformer.data.pipeline import Pair, overlap_warning
+from flax_transformer.data.tokenizer import ByteTokenizer, load_tokenizer
 from flax_transformer.spec.config import MAX_LEN_LIMIT, check_config_for_kind, kind_problems
-from flax_transformer.training.data import Pair, overlap_warning
-from flax_transformer.training.tokenizer import ByteTokenizer, load_tokenizer
 
 TINY = ["--d-model", "16", "--num-heads", "2", "--d-ff", "16", "--num-layers", "1"]
 
@@ -146,6 +146,29 @@ def test_layers_a_model_kind_needs():
     assert kind_problems(no_encoder, "lm") == []  # an LM has no encoder (GPT-2 imports say 0)
     with pytest.raises(ValueError, match="seq2seq model needs num_encoder_layers >= 1, got 0"):
         check_config_for_kind(no_encoder, "seq2seq")
+
+
+@pytest.mark.parametrize(
+    "model, layers, message",
+    [
+        ("Transformer", "num_decoder_layers", "a seq2seq model needs num_decoder_layers >= 1"),
+        ("Transformer", "num_encoder_layers", "a seq2seq model needs num_encoder_layers >= 1"),
+        ("TransformerLM", "num_decoder_layers", "a decoder-only LM needs num_decoder_layers >= 1"),
+        ("TransformerEncoder", "num_encoder_layers", "a bare encoder needs num_encoder_layers"),
+    ],
+)
+def test_the_python_api_refuses_a_model_without_the_layers_it_needs(model, layers, message):
+    """Through the Python API too (the command line refused it already): a seq2seq model
+    with no decoder layers would otherwise build a decoder that never reads its source."""
+    import jax
+
+    import flax_transformer
+
+    module = getattr(flax_transformer, model)(TransformerConfig(**{layers: 0}))
+    tokens = np.ones((1, 3), np.int32)
+    inputs = (tokens, tokens) if model == "Transformer" else (tokens,)
+    with pytest.raises(ValueError, match=message):
+        module.init(jax.random.PRNGKey(0), *inputs)
 
 
 # ----------------------------------------------------------------------------- train

@@ -14,13 +14,13 @@ import optax
 import pytest
 
 from flax_transformer import TransformerConfig
+from flax_transformer.cli.generate import BUCKET, main
+from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.decoding import Beam, Greedy, Sample, generate
-from flax_transformer.decoding.cli import BUCKET, main
 from flax_transformer.nn.kinds import abstract_variables, model_for
 from flax_transformer.training.checkpoint import Checkpointer
 from flax_transformer.training.run import load_run
 from flax_transformer.training.state import create_train_state
-from flax_transformer.training.tokenizer import ByteTokenizer
 
 CONFIG = TransformerConfig(
     src_vocab_size=259, tgt_vocab_size=259, d_model=32, num_heads=4, d_ff=48,

@@ -155,6 +155,25 @@ BAD_CONFIGS = [
         setter(activation_function=None),
         "activation_function: must be a string, got null",
     ),
+    # Labels: transformers builds the head from one key while the weights follow the other.
+    (
+        "num_labels disagreeing with id2label",
+        "bart",
+        setter(num_labels=3, id2label={"0": "a", "1": "b"}),
+        "num_labels: 3 disagrees with id2label, which names 2 labels (make them agree)",
+    ),
+    (
+        "id2label keys that are not class ids",
+        "bart",
+        setter(id2label={"zero": "a", "one": "b"}),
+        "id2label: keys must be class ids (integers), got the string 'zero'",
+    ),
+    (
+        "id2label with a gap",
+        "bart",
+        setter(id2label={"0": "a", "2": "b"}),
+        "id2label: class ids must be 0..1, got [0, 2]",
+    ),
 ]
 
 # (name, config edit) that gave tracebacks before these checks
@@ -282,6 +301,25 @@ def test_ftx_hf_import_refuses_with_exit_2_and_writes_nothing(
     assert f"\n  {expected}" in err and "Traceback" not in err, err
     assert not run.exists()
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"not json{", "tokenizer.json: not valid JSON (Expecting value at line 1 column 1)"),
+        (b'{"model": 1', "tokenizer.json: not valid JSON (Expecting ',' delimiter at line 1"),
+    ],
+    ids=["not JSON", "cut short"],
+)
+def test_a_tokenizer_file_that_is_not_json_is_named(saved, tmp_path, capsys, content, expected):
+    """transformers' own JSON error names no file: the import names it, exit 2."""
+    path = copy_with(saved["marian"], tmp_path / "model")
+    (path / "tokenizer.json").write_bytes(content)
+    run = tmp_path / "run"
+    assert ftx(["hf", "import", str(path), "--workdir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}/{expected}" in err and "Traceback" not in err, err
+    assert not run.exists()
 
 
 def test_the_command_line_surface(saved, tmp_path):

@@ -11,8 +11,8 @@ import pytest
 
 import train
 from flax_transformer import hf
-from flax_transformer.decoding import cli as generate_cli
-from flax_transformer.hf.__main__ import main as hf_main
+from flax_transformer.cli import generate as generate_cli
+from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.training.run import load_run
 

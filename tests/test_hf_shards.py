@@ -171,7 +171,7 @@ def test_a_missing_shard_is_named(saved, tmp_path):
     message = str(err.value)
     assert f"{path / shard}: missing" in message and repr(tensor) in message
     assert "\n" not in message
-    from flax_transformer.hf.__main__ import main
+    from flax_transformer.cli.hf import main
 
     assert main(["import", str(path), "--workdir", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run").exists()
@@ -292,7 +292,7 @@ def test_import_in_bfloat16_and_export_in_shards(saved, tmp_path):
     """ftx hf import --dtype bfloat16 of a sharded bfloat16 checkpoint keeps bfloat16
     parameters in the run; ftx hf export --max-shard-size writes them back bit-exact, in
     shards."""
-    from flax_transformer.hf.__main__ import main
+    from flax_transformer.cli.hf import main
     from flax_transformer.training import run_dir
 
     _, _, bf16 = saved["gpt2"]

@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from flax_transformer import hf
+from flax_transformer.data.tokenizer import load_tokenizer
 from flax_transformer.hf import tokenizer as hf_tokenizer
-from flax_transformer.training.tokenizer import load_tokenizer
 from tests import hf_models
 
 SACREMOSES = "Recommended: pip install sacremoses."

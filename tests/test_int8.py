@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+from flax_transformer.cli.generate import main as generate_main
 from flax_transformer.decoding import Greedy, generate
-from flax_transformer.decoding.cli import main as generate_main
 from flax_transformer.export.int8 import (
     Int8Matrix,
     int8_model,

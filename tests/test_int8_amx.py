@@ -1,4 +1,4 @@
-"""nn.int8_amx: int8 products on Intel AMX with weights packed once, and the switch between it
+"""kernels.int8_amx: int8 products on Intel AMX with weights packed once, and the switch between it
 and XLA's int8 dot. The kernel is exact (int8 x int8 -> int32), so everything it computes is
 compared for equality with XLA's dot. Tests that run the kernel skip on a CPU without AMX
 (the reason is in the skip message); the layout, the switch and the fallbacks run everywhere."""
@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.nn import int8_amx
+from flax_transformer.kernels import cpu, int8_amx
+from flax_transformer.kernels.switches import KERNELS, SwitchError
 from flax_transformer.nn.int8 import Int8Matrix
 from flax_transformer.nn.int8_products import quantize_for_products
 
-WHY_NOT = int8_amx.reason_unavailable() if int8_amx.choice() != "xla" else "switch set to xla"
+SWITCH = KERNELS.int8.variable
+WHY_NOT = KERNELS.int8.reason_unavailable() if KERNELS.int8.value() != "xla" else "switch: xla"
 needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"AMX kernel unavailable: {WHY_NOT}")
 
 
@@ -37,55 +39,31 @@ def test_pack_layout_and_padding():
 
 
 def test_switch(monkeypatch):
-    monkeypatch.setenv(int8_amx.SWITCH, "fast")
-    with pytest.raises(ValueError, match="FLAX_TRANSFORMER_INT8_KERNEL='fast'"):
-        int8_amx.choice()
-    monkeypatch.setenv(int8_amx.SWITCH, "xla")
-    assert int8_amx.reason_unavailable() == "FLAX_TRANSFORMER_INT8_KERNEL=xla"
-    assert not int8_amx.use_amx()
+    monkeypatch.setenv(SWITCH, "fast")
+    with pytest.raises(SwitchError, match="FLAX_TRANSFORMER_INT8_KERNEL='fast'.*auto, xla, amx"):
+        KERNELS.int8.value()
+    monkeypatch.setenv(SWITCH, "xla")
+    assert KERNELS.int8.reason_unavailable() == "FLAX_TRANSFORMER_INT8_KERNEL=xla"
+    assert not KERNELS.int8.active()
 
 
 def test_cpu_without_amx_falls_back_or_says_why(monkeypatch):
-    monkeypatch.setattr(int8_amx, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
-    monkeypatch.setattr(int8_amx, "unsupported_platform", lambda: None)
-    monkeypatch.setenv(int8_amx.SWITCH, "auto")
-    assert int8_amx.reason_unavailable() == "this CPU lacks amx_int8 and amx_tile"
-    assert not int8_amx.use_amx()
-    monkeypatch.setenv(int8_amx.SWITCH, "amx")
-    with pytest.raises(ValueError, match="cannot run here: this CPU lacks amx_int8"):
-        int8_amx.use_amx()
-    monkeypatch.setenv(int8_amx.SWITCH, "auto")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+    monkeypatch.setattr(cpu, "platform_problem", lambda: None)
+    monkeypatch.setenv(SWITCH, "auto")
+    assert KERNELS.int8.reason_unavailable() == "this CPU lacks amx_int8 and amx_tile"
+    assert not KERNELS.int8.active()
+    monkeypatch.setenv(SWITCH, "amx")
+    with pytest.raises(SwitchError, match="cannot run here: this CPU lacks amx_int8"):
+        KERNELS.int8.active()
+    monkeypatch.setenv(SWITCH, "auto")
     matrix = quantize_for_products({"params": {"d": {"kernel": np.ones((64, 32), np.float32)}}})
     assert type(matrix["params"]["d"]["kernel"]) is Int8Matrix  # XLA's dot then
 
 
 def test_cpu_flags_reads_the_first_processor():
     cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_int8\n\nprocessor\t: 1\nflags : x\n"
-    assert int8_amx.cpu_flags(cpuinfo) == {"fpu", "avx2", "amx_tile", "amx_int8"}
-
-
-def test_failed_build_is_a_reason_not_a_crash(monkeypatch, tmp_path):
-    monkeypatch.setenv("FLAX_TRANSFORMER_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
-    int8_amx._load.cache_clear()
-    try:
-        library, why = int8_amx._load()
-        assert library is None and why.startswith("building int8_amx.cc with false failed")
-        assert not list(tmp_path.glob("*.so"))  # nothing half-written left
-    finally:
-        int8_amx._load.cache_clear()
-
-
-def test_unwritable_cache_is_a_reason_not_a_crash(monkeypatch, tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    monkeypatch.setenv("FLAX_TRANSFORMER_CACHE", str(blocker / "cache"))
-    int8_amx._load.cache_clear()
-    try:
-        library, why = int8_amx._load()
-        assert library is None and why.startswith("int8_amx.cc could not be built or loaded")
-    finally:
-        int8_amx._load.cache_clear()
+    assert cpu.cpu_flags(cpuinfo) == {"fpu", "avx2", "amx_tile", "amx_int8"}
 
 
 @needs_amx
@@ -137,7 +115,7 @@ def test_int8_marian_same_logits_and_tokens_as_xla_dot(tmp_path, monkeypatch):
     )
     results = {}
     for kernel in ("amx", "xla"):
-        monkeypatch.setenv(int8_amx.SWITCH, kernel)
+        monkeypatch.setenv(SWITCH, kernel)
         model = hf.load(path, quantize="int8")
         matrices = [
             x

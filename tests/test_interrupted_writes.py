@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.files.atomic_io import staged_directory
-from flax_transformer.hf.__main__ import main as hf_main
 from flax_transformer.interop.convert import save_torch_state
 
 from . import hf_models
@@ -135,7 +135,7 @@ def save_then_signal(self, *args, **kwargs):
     os.kill(os.getpid(), signal.{sig})
     return step
 checkpoint.Checkpointer.save = save_then_signal
-from flax_transformer.hf.__main__ import main
+from flax_transformer.cli.hf import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -152,6 +152,21 @@ def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status,
     assert not workdir.exists() and leftovers(tmp_path) == []
 
 
+def test_a_stage_left_by_a_sigkill_is_removed_by_the_next_import(hf_dir, tmp_path):
+    """SIGKILL cannot be answered: the import's staging directory stays. The next command
+    staging beside it removes it (its owner process is gone), says so, and succeeds."""
+    workdir = tmp_path / "run"
+    killed = run(["-c", SIGNAL_MID_IMPORT.format(sig="SIGKILL"), "import", hf_dir,
+                  "--workdir", workdir])  # fmt: skip
+    assert killed.returncode == -9 and not workdir.exists()
+    (stage,) = leftovers(tmp_path)
+    assert stage.startswith(".run.partial-")
+    retry = run(["-m", "flax_transformer.hf", "import", hf_dir, "--workdir", workdir])
+    assert retry.returncode == 0, retry.stderr[-2000:]
+    assert f"removed {tmp_path / stage}: left unfinished by a stopped run" in retry.stderr
+    assert leftovers(tmp_path) == [] and (workdir / "config.json").exists()
+
+
 SIGNAL_MID_CONVERT = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
@@ -161,7 +176,7 @@ def save_then_signal(tensors, path, *args, **kwargs):
     save_file(tensors, path, *args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)
 safetensors.numpy.save_file = save_then_signal
-from flax_transformer.interop.convert import main
+from flax_transformer.cli.convert import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -216,3 +231,110 @@ def test_a_failed_staging_directory_stays_removed_when_a_late_writer_adds_to_it(
             raise OSError(28, "disk full")
     writers[0].join()
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+# Ctrl-C in a terminal reaches the whole process group: the command and its pool's workers.
+CTRL_C_MID_TOKENIZATION = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
+sys.path.insert(0, os.getcwd())
+from flax_transformer.data import token_cache
+append = token_cache._Appender.append
+def append_then_ctrl_c(self, *args):
+    append(self, *args)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+token_cache._Appender.append = append_then_ctrl_c
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # an 9 MB corpus scanned, then tokenized by a pool (about 15 s)
+def test_ctrl_c_while_a_pool_tokenizes_is_one_line(tmp_path):
+    """The pool's workers printed ~40 lines of `Process SpawnPoolWorker-N:` tracebacks on
+    Ctrl-C; now the command alone answers: one line, exit 130, nothing left, and the retry
+    works."""
+    corpus = tmp_path / "big.tsv"
+    line = "le chat noir dort sur le tapis\tthe black cat sleeps on the mat\n"
+    corpus.write_text(line * (9_500_000 // len(line)))  # above POOL_MIN_BYTES: a pool
+    workdir = tmp_path / "run"
+    argv = ["--train-tsv", corpus, "--workdir", workdir, "--steps", "1", "--max-len", "64"]
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_MID_TOKENIZATION, *map(str, argv)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert "SpawnPoolWorker" not in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr[-3000:]
+    )
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert not workdir.exists() and not list(tmp_path.glob(".token_cache.partial-*"))
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A real file system with no room left: a 64 KiB tmpfs, filled (needs root, as CI has;
+    skipped elsewhere). Yields its mount point."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        with open(mount / "filler", "wb", buffering=0) as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow  # a training run (about 10 s)
+def test_a_full_disk_under_the_event_files_is_one_line_naming_the_file(tmp_path, full_filesystem):
+    """tensorboardX wrote from its own thread and closed from an atexit hook: a full disk
+    printed two tracebacks and a line naming no file. Now one line naming the event file."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "tensorboard").symlink_to(full_filesystem, target_is_directory=True)
+    result = run(["train.py", *TINY, "--workdir", workdir])
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = one_line(result)
+    events = workdir / "tensorboard" / "events.out.tfevents."
+    assert line.startswith(f"error: the disk is full: cannot write {events}"), line
+    assert "stopping. Nothing was deleted: the last good checkpoint is step 8" in line
+
+
+# As in a shell: pytest-xdist's workers ignore SIGINT and a child inherits that; a first Python
+# restores it and becomes the command (exec), so that no fork of this process runs Python.
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.slow  # a training run's start and compile (about 10 s)
+@pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_the_step_compiles_ends_the_process_cleanly(tmp_path, sig, status):
+    """Stopped while XLA compiles the first step, the process said its one line and then
+    crashed in Python's teardown (SIGSEGV, exit -11; bench.chaos found it). It ends with the
+    signal's status now."""
+    import os
+    import signal
+
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DEFAULT_SIGINT, "train.py", *TINY, "--workdir", str(workdir)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stdout:  # the model line comes just before the first step compiles
+        if "model:" in line:
+            break
+    time.sleep(0.3)
+    os.kill(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == status, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import train
-from flax_transformer import launch
-from flax_transformer.training.data import BatchLoader, encode_pairs, generate_task
+from flax_transformer.cli import launch
+from flax_transformer.data.pipeline import BatchLoader, encode_pairs, generate_task
+from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.training.distributed import contiguous_rows, detected_cluster
 from flax_transformer.training.options import DistributedOptions, OptionError
 from flax_transformer.training.sharding import MeshError
-from flax_transformer.training.tokenizer import ByteTokenizer
 
 
 # ----------------------------------------------------------------------------- launcher flags

@@ -14,26 +14,41 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "flax_transformer"
 
 # Which subpackages a library module of each subpackage may import (lazy imports included).
-# Entry points (cli.py, __main__.py and the top-level convert/generate/demo) sit above all of
-# them and may import anything.
+# Commands live in cli/ only; a room's __main__.py is a thin wrapper that calls a cli main.
 ALLOWED = {
     "files": {"files"},
     "spec": {"files", "spec"},
-    "nn": {"files", "spec", "nn"},
-    "decoding": {"files", "spec", "nn", "decoding"},
-    "interop": {"files", "spec", "nn", "interop"},
+    # The native kernels (C++ sources, their build and cache, the jax.ffi bindings, the one
+    # switch object): below nn/ and decoding/, which call them; they need nothing of the model.
+    "kernels": {"files", "kernels"},
+    "nn": {"files", "spec", "kernels", "nn"},
+    "decoding": {"files", "spec", "kernels", "nn", "decoding"},
+    "interop": {"files", "spec", "kernels", "nn", "interop"},
     # Everything Hugging Face: configs, weights, checkpoints, tokenizers, generation semantics.
-    "hf": {"files", "spec", "nn", "decoding", "interop", "hf"},
-    "training": {"files", "spec", "nn", "decoding", "interop", "hf", "training"},
-    "parity": {"files", "spec", "nn", "interop", "parity"},
-    "export": {"files", "spec", "nn", "decoding", "interop", "export"},
+    "hf": {"files", "spec", "kernels", "nn", "decoding", "interop", "hf"},
+    # The data pipeline: tasks and corpora, tokenizers, the token cache, batching, packing. It
+    # needs nn for packing's segment masks and hf for a run's Hugging Face tokenizer; it knows
+    # nothing of training (the run directory names its cache folder, not the other way round).
+    "data": {"files", "spec", "kernels", "nn", "hf", "data"},
+    "training": {
+        "files",
+        "spec",
+        "kernels",
+        "nn",
+        "decoding",
+        "interop",
+        "hf",
+        "data",
+        "training",
+    },  # fmt: skip
+    "parity": {"files", "spec", "kernels", "nn", "interop", "parity"},
+    "export": {"files", "spec", "kernels", "nn", "decoding", "interop", "export"},
     # The command line sits above every room.
     "cli": None,
 }
-# Entry points sit above all rooms and may import anything: the CLIs, and hf/run_dir.py (a
-# Hugging Face directory made a run directory and back, for the `hf` command). training/run_dir.py
-# (the run directory's layout) is a library module like any other.
-ENTRY_POINTS = {"cli.py", "__main__.py", "hf/run_dir.py"}
+# Entry points sit above all rooms: a room's `__main__.py` (`python -m flax_transformer.ROOM`),
+# which only hands over to a command of cli/ (test_main_wrappers_only_call_a_command).
+ENTRY_POINTS = {"__main__.py"}
 # Rooms within a room: what their modules may import of the package (the bottom of their room).
 # hf/families/: the Hugging Face family registry that the rest of hf/ reads, never the reverse.
 SUB_ROOMS = {
@@ -66,6 +81,40 @@ def library_modules():
             yield path
 
 
+def test_main_wrappers_only_call_a_command():
+    """A room's `__main__.py` imports nothing of the package but one cli module (and lazy, for
+    the moved-path shim of a command that lived there before), and defines no function."""
+    for path in sorted(PACKAGE.glob("*/__main__.py")):
+        tree = ast.parse(path.read_text())
+        names = imported_modules(path) - {
+            "flax_transformer.lazy",
+            "flax_transformer.lazy.moved_module",
+        }
+        commands = {n for n in names if n.startswith("flax_transformer.cli.")}
+        assert names == commands and commands, f"{path.relative_to(ROOT)} imports {sorted(names)}"
+        defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defined, f"{path.relative_to(ROOT)} defines {[n.name for n in defined]}"
+
+
+def test_commands_load_a_run_one_way():
+    """Every command loads a run through training.run.open_run (directory check, x64 for a
+    float64 run, the checkpoint choice, the model kinds it can use): none calls load_run or
+    enable_x64_for itself."""
+    users = [*PACKAGE.glob("cli/*.py"), PACKAGE / "training/hf_runs.py"]
+    offenders = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.id] if isinstance(node, ast.Name) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [alias.name for alias in node.names]
+            offenders += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+                for name in names
+                if name in ("load_run", "enable_x64_for")
+            ]
+    assert not offenders, offenders
+
+
 def test_subpackages_import_only_downwards():
     violations = []
     for path in library_modules():
@@ -78,20 +127,21 @@ def test_subpackages_import_only_downwards():
 
 
 # The modules at the top of the package, each placed like a room: what it may import of the
-# package. None = an entry point (`python -m flax_transformer.X`), above every room.
+# package.
 TOP_LEVEL = {
     "lazy.py": set(),  # the lazy-export and moved-path helpers every room's __init__ uses
     "__init__.py": {"lazy", "spec", "nn"},  # the public API (names only; loaded lazily)
-    "nnx.py": {"spec", "nn", "interop", "training"},  # the models as flax.nnx modules
+    "nnx.py": {"spec", "nn", "interop", "data", "training"},  # the models as flax.nnx modules
     # paths of 0.1, kept one release: shims onto their new homes
     "decode.py": {"lazy", "decoding"},
     "numerics.py": {"lazy", "spec"},
     "sharding.py": {"lazy", "training"},
-    "convert.py": None,
-    "generate.py": None,
-    "train.py": None,
-    "demo.py": None,
-    "launch.py": None,
+    # `python -m flax_transformer.X`: thin wrappers of a cli/ command (the commands live there)
+    "convert.py": {"lazy", "cli"},
+    "generate.py": {"cli"},
+    "train.py": {"cli", "training"},  # training.host_memory: the re-execution before JAX loads
+    "demo.py": {"lazy", "cli"},
+    "launch.py": {"lazy", "cli"},
 }
 
 
@@ -162,7 +212,9 @@ def test_importing_the_packages_loads_no_jax():
     code = (
         "import sys, flax_transformer, torch_reference, flax_transformer.spec.config, "
         "flax_transformer.parity, flax_transformer.interop, flax_transformer.decoding, "
-        "flax_transformer.hf, flax_transformer.export; "
+        "flax_transformer.hf, flax_transformer.export, flax_transformer.kernels; "
+        # what every `ftx` command checks first (the kernel switches): no JAX either
+        "from flax_transformer.kernels.switches import KERNELS; KERNELS.preflight(); "
         "loaded = [m for m in ('jax', 'flax', 'optax') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

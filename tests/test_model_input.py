@@ -52,3 +52,20 @@ def test_lm_rejects_too_long_input():
     params = model.init(jax.random.key(0), jnp.ones((1, 2), jnp.int32))
     with pytest.raises(ValueError, match="tokens has length 12"):
         model.apply(params, jnp.ones((1, 12), jnp.int32))
+
+
+def test_lists_of_rows_are_accepted_as_numpy_would(params):
+    """A list of equal-length rows is what numpy accepts as a (batch, length) array: the same
+    logits as the array (it was an AttributeError); ragged rows are named."""
+    src, tgt = [[3, 4, 5, 6]], [[1, 7]]
+    model = Transformer(CFG)
+    expected = model.apply(params, np.asarray(src), np.asarray(tgt))
+    np.testing.assert_array_equal(np.asarray(model.apply(params, src, tgt)), np.asarray(expected))
+    with pytest.raises(ValueError, match="src must be a .* its rows have different lengths"):
+        model.apply(params, [[3, 4], [5]], tgt + tgt)
+    lm = TransformerLM(CFG)
+    lm_params = lm.init(jax.random.key(0), jnp.ones((1, 2), jnp.int32))
+    np.testing.assert_array_equal(
+        np.asarray(lm.apply(lm_params, [[3, 4, 5]])),
+        np.asarray(lm.apply(lm_params, np.array([[3, 4, 5]]))),
+    )

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flax_transformer.cli.launch import free_port
 from flax_transformer.interop.convert import load_safetensors
-from flax_transformer.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [

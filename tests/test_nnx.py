@@ -10,6 +10,8 @@ import pytest
 from flax import nnx
 
 from flax_transformer import nnx as ftnnx
+from flax_transformer.data.packing import pack_examples
+from flax_transformer.data.pipeline import Dataset
 from flax_transformer.interop.convert import (
     expected_param_shapes,
     flax_to_torch_state,
@@ -21,9 +23,7 @@ from flax_transformer.spec.naming import flatten_params, unflatten_params
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.spec.presets import preset
 from flax_transformer.spec.tree_check import ConversionError
-from flax_transformer.training.data import Dataset
 from flax_transformer.training.optim import make_optimizer, make_schedule
-from flax_transformer.training.packing import pack_examples
 from flax_transformer.training.state import create_train_state
 from flax_transformer.training.steps import loss_fn, make_train_step
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from flax_transformer.cli.convert import main as convert_main
+from flax_transformer.cli.export import main as export_main
+from flax_transformer.cli.hf import main as hf_main
+from flax_transformer.cli.parity import main as parity_main
 from flax_transformer.cli.train import main as train_main
-from flax_transformer.export.cli import main as export_main
 from flax_transformer.files.atomic_io import OutputPathError, check_not_input, check_output_dir
-from flax_transformer.hf.__main__ import main as hf_main
-from flax_transformer.interop.convert import main as convert_main
-from flax_transformer.parity.cli import main as parity_main
 
 from . import hf_models
 from .export_runs import fabricate_run
@@ -256,7 +256,7 @@ def test_a_failed_hf_export_with_force_keeps_the_old_directory(
         (Path(path) / "config.json").write_text("{half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("flax_transformer.hf.run_dir.save", full_disk)
+    monkeypatch.setattr("flax_transformer.training.hf_runs.save", full_disk)
     argv = ["export", "--workdir", str(imported), "--out", str(out), "--force"]
     assert hf_main(argv) == 1  # a failed write, not bad input
     err = capsys.readouterr().err

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import torch_reference
+from flax_transformer.cli.parity import main
+from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.interop.convert import save_flax_params, save_torch_state, torch_state_to_flax
-from flax_transformer.parity.cli import main
-from flax_transformer.training.tokenizer import ByteTokenizer
 
 from .test_parity_report import CONFIG
 

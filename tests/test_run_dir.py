@@ -114,7 +114,7 @@ def test_the_command_runs_as_python_m_flax_transformer_train():
 
 # ----------------------------------------------------------------------------- --config
 def test_a_partial_config_is_filled_from_the_preset_and_says_so(tmp_path, capsys):
-    from flax_transformer.training.tokenizer import ByteTokenizer
+    from flax_transformer.data.tokenizer import ByteTokenizer
 
     (tmp_path / "small.json").write_text(json.dumps({"d_model": 32, "num_heads": 2}))
     args = train.parse_args(["--config", str(tmp_path / "small.json")])

@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 import train
-from flax_transformer.training.data import BatchLoader, Dataset, Pair, bucket_boundaries
-from flax_transformer.training.run_dir import read_metrics
-from flax_transformer.training.token_batches import (
+from flax_transformer.data.pipeline import BatchLoader, Dataset, Pair, bucket_boundaries
+from flax_transformer.data.token_batches import (
     BatchTokensError,
     batch_shapes,
+    check_budget_fits,
+    logits_bytes,
     plan_token_batches,
     rows_for,
 )
+from flax_transformer.training.run_dir import read_metrics
 
 TINY = [
     "--task-min-len", "1", "--task-max-len", "12", "--task-train-size", "300",
@@ -111,6 +113,27 @@ def test_a_batch_token_budget_too_small_is_refused_before_anything_is_written(tm
     err = capsys.readouterr().err
     assert "--batch-tokens 12 cannot hold 1 row(s) of 16 tokens" in err
     assert not workdir.exists()
+
+
+def test_a_budget_far_above_the_memory_is_refused_before_anything_is_written(tmp_path, capsys):
+    """--batch-tokens far larger than the data and the machine: a MemoryError after minutes,
+    and a run directory that refused the corrected command; now one line, nothing written."""
+    workdir = tmp_path / "run"
+    budget = 10**11
+    assert train.main([*TINY, "--batch-tokens", str(budget), "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --batch-tokens {budget}: a batch of " in err and "Traceback" not in err
+    assert "GiB for its logits alone" in err and "GiB available: use at most" in err
+    assert not workdir.exists()
+
+
+def test_the_budget_check_counts_the_largest_batch_logits():
+    shapes = [(16, 8), (8, 16), (2, 60)]
+    assert logits_bytes(shapes, 100) == 128 * 100 * 4
+    check_budget_fits(128, shapes, 100, available=128 * 100 * 4)  # exactly fits
+    check_budget_fits(128, shapes, 100, available=None)  # unknown: not refused
+    with pytest.raises(BatchTokensError, match=r"a batch of 2 rows x 60 tokens .* at most 119 "):
+        check_budget_fits(128, [(2, 60)], 100, available=119 * 100 * 4 + 3)
 
 
 # ----------------------------------------------------------------------------- --pack

@@ -11,10 +11,8 @@ import pytest
 
 import train
 from flax_transformer.cli.train import split_off_validation
-from flax_transformer.interop.convert import load_safetensors
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training import corpus, token_cache
-from flax_transformer.training.data import (
+from flax_transformer.data import corpus, token_cache
+from flax_transformer.data.pipeline import (
     BatchLoader,
     DataError,
     encode_documents,
@@ -22,8 +20,10 @@ from flax_transformer.training.data import (
     read_text_lines,
     read_tsv,
 )
+from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
+from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.hooks import STOP
-from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
 
 WORDS = ["chat", "chien", "maison", "arbre", "soleil", "lune", "eau", "feu"]
 
@@ -173,6 +173,94 @@ def test_cache_key_changes_with_the_input_and_find_cache_checks_it(tmp_path):
     assert changed != key and token_cache.find_cache(workdir, changed) is None
 
 
+def installed_cache(tmp_path, path):
+    """(run directory, key, cache directory) of a TSV corpus's installed cache."""
+    tok = ByteTokenizer()
+    key = token_cache.cache_key(
+        path, "tsv", SEQ2SEQ, token_cache.tokenizer_fingerprint(tok), 24, "skip"
+    )
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    staged = token_cache.stage_dir(workdir)
+    token_cache.build_cache(staged, corpus.scan_corpus(path, "tsv", SEQ2SEQ), tok, key)
+    return workdir, key, token_cache.install_cache(staged, workdir, key)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-4]), "lengths has {} bytes, {} were written"),
+        (lambda p: p.write_bytes(p.read_bytes()[::-1]), "lengths does not match its checksum"),
+        (lambda p: p.unlink(), "lengths is missing"),
+    ],
+    ids=["cut short", "same size, other bytes", "missing"],
+)
+def test_a_damaged_cache_file_is_never_read(tmp_path, damage, message):
+    """Each cache file's size and checksum are written with it and checked before use: a
+    lengths file cut short was an IndexError on --resume."""
+    workdir, key, cache = installed_cache(tmp_path, write_tsv(tmp_path / "c.tsv", 50))
+    size = (cache / "lengths").stat().st_size
+    damage(cache / "lengths")
+    with pytest.raises(token_cache.DamagedCache) as err:
+        token_cache.find_cache(workdir, key)
+    assert str(err.value).startswith(f"the token cache {cache} is damaged (")
+    assert message.format(size - 4, size) in str(err.value)
+
+
+def test_the_key_follows_the_bytes_not_the_mtime(tmp_path):
+    """A corpus rewritten with the same size and its mtime put back (cp -p, rsync -t) is a
+    new key: the old tokens are not reused."""
+    path = write_tsv(tmp_path / "c.tsv", 50)
+    workdir, key, _ = installed_cache(tmp_path, path)
+    stat = path.stat()
+    text = path.read_text()
+    path.write_text(text.replace("chat", "tahc", 1))  # the same size
+    import os
+
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    sha = key["tokenizer_sha256"]
+    changed = token_cache.cache_key(path, "tsv", SEQ2SEQ, sha, 24, "skip")
+    assert changed != key and token_cache.find_cache(workdir, changed) is None
+
+
+def test_a_stage_left_by_a_killed_run_is_removed_by_the_next(tmp_path, capsys):
+    """SIGKILL during tokenization leaves a staging directory (up to a copy of the tokens):
+    the next run beside it removes it, saying so; a live process's stage is left alone."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path / "run"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    import socket
+
+    abandoned = tmp_path / (token_cache.STAGE_PREFIX + "killed")
+    abandoned.mkdir()
+    (abandoned / token_cache.OWNER).write_text(f"{socket.gethostname()} {dead}\n")
+    (abandoned / "tgt.tokens").write_bytes(b"\0" * 64)
+    live = token_cache.stage_dir(workdir)  # this process: its stage stays
+    assert not abandoned.exists() and live.exists()
+    assert f"removed {abandoned}: left unfinished by a stopped run" in capsys.readouterr().err
+    other = token_cache.stage_dir(workdir)
+    assert live.exists() and other.exists()
+
+
+def test_a_pipe_as_corpus_says_a_file_is_needed(tmp_path, capsys):
+    """`--train-tsv <(cat ...)` cannot be read twice: one line saying so (it was "cannot read
+    ... not seekable")."""
+    import os
+
+    fifo = tmp_path / "pipe.tsv"
+    os.mkfifo(fifo)
+    workdir = tmp_path / "run"
+    code = train.main(["--train-tsv", str(fifo), "--workdir", str(workdir), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"TSV file {fifo} is a pipe or device, not a file" in err
+    assert "write it to a file first" in err and not workdir.exists()
+
+
 # ----------------------------------------------------------------------------- JSONL
 def test_jsonl_records_and_kinds(tmp_path):
     seq = tmp_path / "s.jsonl"
@@ -196,6 +284,10 @@ BAD_JSONL = [
     ('{"source": "a", "target": "b"}\n{"text": "c"}\n', 'line 2: expected "source" and "target"'),
     ('{"source": "", "target": "b"}\n', 'line 1: empty "source"'),
     ("\n\n", "the file is empty"),
+    ('{"source": "a", "target": "b"}\n{"source": "x\\ud800", "target": "b"}\n',
+     "line 2: \"source\" holds a lone surrogate '\\ud800' (character 2), which is not text"),
+    ('{"source": "a", "target": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n",
+     "line 2: JSON nested too deeply to read"),
 ]  # fmt: skip
 
 
@@ -268,17 +360,25 @@ def test_resume_reuses_the_cache_and_is_exact(tmp_path, capsys, monkeypatch):
     out, _ = run(capsys, *TINY, "--train-jsonl", data, "--steps", "6", "--workdir", stopped,
                  "--resume")  # fmt: skip
     assert "resumed from step 3" in out and built == []  # never tokenized again
+    assert f"reusing the token cache {cache}" in out
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     expected, _ = load_safetensors(straight / "flax_params.safetensors")
     actual, _ = load_safetensors(stopped / "flax_params.safetensors")
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)  # bit-exact
+    # A cache file cut short: one line, and the cache is rebuilt (it was an IndexError).
+    lengths = cache / "lengths"
+    lengths.write_bytes(lengths.read_bytes()[:-4])
+    out, err = run(capsys, *TINY, "--train-jsonl", data, "--steps", "7", "--workdir", stopped,
+                   "--resume")  # fmt: skip
+    assert f"warning: the token cache {cache} is damaged (lengths has" in err
+    assert "it is rebuilt" in err and "Traceback" not in err and built == [1]
     # The input changes: the next --resume tokenizes it again, into a new cache.
     with data.open("a") as handle:
         handle.write(json.dumps({"source": "eau", "target": "feu"}) + "\n")
-    out, _ = run(capsys, *TINY, "--train-jsonl", data, "--steps", "7", "--workdir", stopped,
+    out, _ = run(capsys, *TINY, "--train-jsonl", data, "--steps", "8", "--workdir", stopped,
                  "--resume")  # fmt: skip
-    assert "tokenizing" in out and built == [1]
+    assert "tokenizing" in out and built == [1, 1]
     assert [p.name for p in (stopped / "token_cache").iterdir()] != [cache.name]
     assert len(list((stopped / "token_cache").iterdir())) == 1
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 
 TEXTS = ["hello world", "Ünïcödé façade", "机器学习很有趣", "emoji 🙂 ok", "tab\tand\nnewline"]
 

@@ -342,9 +342,9 @@ def test_help_explains_the_flags(capsys):
 def test_flag_defaults_are_the_options_defaults_and_the_small_preset():
     import dataclasses
 
+    from flax_transformer.data.tokenizer import ByteTokenizer
     from flax_transformer.spec.presets import preset
     from flax_transformer.training.options import DataOptions, TrainOptions, option_fields
-    from flax_transformer.training.tokenizer import ByteTokenizer
 
     args = train.parse_args([])
     without_flag = []

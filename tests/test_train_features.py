@@ -8,7 +8,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train
-from flax_transformer.decoding import cli as generate_cli
+from flax_transformer.cli import generate as generate_cli
 from flax_transformer.interop.convert import load_safetensors
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.training.best import BestTracker

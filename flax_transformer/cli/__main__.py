@@ -1,8 +1,7 @@
 """`python -m flax_transformer.cli ...`: the `ftx` command without installing it."""
 
-import sys
-
 from flax_transformer.cli.main import main
+from flax_transformer.cli.process import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

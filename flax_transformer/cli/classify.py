@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.cli.flags import flag_type
-from flax_transformer.decoding.cli import InputError, batches, read_lines
+from flax_transformer.cli.generate import InputError, batches, read_lines
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line
 from flax_transformer.spec.kinds import ENCODER
@@ -117,22 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ftx classify`: print one `label<TAB>probability` line per input line; exit
     status 2 for a bad workdir, flag or input line (an empty line is printed in its place)."""
     args = parse_args(argv)
-    if not args.workdir.is_dir():
-        print(f"error: --workdir {args.workdir} is not a directory", file=sys.stderr)
-        return 2
-    from flax_transformer.training.run import enable_x64_for, load_run
+    from flax_transformer.training.run import RunLoadError, open_run
 
-    enable_x64_for(args.workdir)
     try:
-        run = load_run(args.workdir, args.checkpoint)
-        if run.model_kind != ENCODER or not run.config.head.startswith("sequence"):
-            what = run.config.head if run.model_kind == ENCODER else run.model_kind
-            raise ValueError(f"it holds a {what} model, not a sequence classifier")
+        run = open_run(args.workdir, args.checkpoint, kinds=(ENCODER,), purpose="classify")
+        if not run.config.head.startswith("sequence"):
+            raise ValueError(
+                f"{args.workdir} holds a {run.config.head} model, not a sequence classifier"
+            )
         if not hasattr(run.tokenizer, "encode_input"):
-            raise ValueError("a classifier run needs a Hugging Face tokenizer")
+            raise ValueError(f"{args.workdir}: a classifier run needs a Hugging Face tokenizer")
         classifier = Classifier(run, label_names(args.workdir, run.config.num_labels))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: cannot classify with {args.workdir}: {err}", file=sys.stderr)
+    except (RunLoadError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     outputs, errors, good = [], [], []
     for number, line in enumerate(read_lines(args.input), start=1):

@@ -7,7 +7,8 @@ command's own `main(argv) -> int`, the same function `python -m flax_transformer
 
 Each subcommand's module is imported only when it is chosen, so `ftx --help` loads no JAX.
 Exit status, for every subcommand: 0 ok, 1 a failed check (e.g. a parity mismatch), 2 bad input
-or usage (an unknown subcommand included).
+or usage (an unknown subcommand included). A bad kernel switch (FLAX_TRANSFORMER_*_KERNEL, see
+kernels.switches) is bad input for every subcommand: one line, exit 2, before it starts.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from __future__ import annotations
 import importlib
 import sys
 
+from flax_transformer.cli.process import exit_process
+
 # subcommand -> (module whose main(argv) runs it, one line for `ftx --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flax_transformer.cli.train", "train a model (the built-in task or your data)"),
-    "generate": ("flax_transformer.decoding.cli", "translate / continue text with a run"),
+    "generate": ("flax_transformer.cli.generate", "translate / continue text with a run"),
     "classify": ("flax_transformer.cli.classify", "label texts with a sequence classifier run"),
     "score": ("flax_transformer.cli.score", "score a test set: loss, BLEU, exact match"),
-    "convert": ("flax_transformer.interop.convert", "weight files: torch <-> Flax safetensors"),
-    "parity": ("flax_transformer.parity.cli", "where two sets of weights start to differ"),
-    "export": ("flax_transformer.export.cli", "a run as StableHLO, ONNX or int8 TorchScript"),
-    "hf": ("flax_transformer.hf.__main__", "Hugging Face directories <-> run directories"),
-    "launch": ("flax_transformer.launch", "start a multi-process training run on this machine"),
-    "demo": ("flax_transformer.demo", "convert the torch twin's weights and print the parity"),
+    "convert": ("flax_transformer.cli.convert", "weight files: torch <-> Flax safetensors"),
+    "parity": ("flax_transformer.cli.parity", "where two sets of weights start to differ"),
+    "export": ("flax_transformer.cli.export", "a run as StableHLO, ONNX or int8 TorchScript"),
+    "hf": ("flax_transformer.cli.hf", "Hugging Face directories <-> run directories"),
+    "launch": ("flax_transformer.cli.launch", "start a multi-process training run on this machine"),
+    "demo": ("flax_transformer.cli.demo", "convert the torch twin's weights and print the parity"),
+    "info": ("flax_transformer.cli.info", "version, JAX backend and devices, CPU, native kernels"),
+    "kernels": ("flax_transformer.cli.kernels", "build the native kernels once (kernels build)"),
 }
 USAGE = "usage: ftx [--help] [--version] {" + ",".join(COMMANDS) + "} ..."
 
@@ -71,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from flax_transformer.files.settings import SettingError
+    from flax_transformer.kernels.switches import KERNELS
+
+    problem = None if {"-h", "--help"} & set(rest) else KERNELS.preflight()  # no JAX loaded
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if first == "train" and process_entry:  # before JAX loads (training/host_memory.py)
         from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
@@ -80,13 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         code = module.main(rest)
     except SystemExit as done:  # argparse (--help: 0, a usage error: 2)
         code = done.code
+    except SettingError as err:  # a kernel forced where JAX computes on a GPU, ...
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if code is None:
         return 0
     if isinstance(code, int):
+        if process_entry and code in (130, 143):  # interrupted: no teardown (cli/process.py)
+            exit_process(code)
         return code
     print(code, file=sys.stderr)  # SystemExit("message")
     return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

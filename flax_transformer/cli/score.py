@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.spec.validate import Float, Int
@@ -32,10 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The score flags; argparse errors (exit 2) for bad values or combinations."""
     parser = argparse.ArgumentParser(
         prog="ftx score",
-        description="Score a test set with a train.py run: loss, BLEU and exact match "
+        description="Score a test set with a run of ftx train: loss, BLEU and exact match "
         "(seq2seq) or perplexity (LM).",
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a train.py run directory")
+    parser.add_argument(
+        "--workdir", type=Path, required=True, help="a run directory (ftx train --workdir)"
+    )
     test = parser.add_mutually_exclusive_group(required=True)
     test.add_argument("--test-tsv", type=Path, help="seq2seq test set: source<TAB>target lines")
     test.add_argument("--test-text", type=Path, help="LM test set: one document a line")
@@ -95,13 +98,20 @@ def load_params(args, run):
 
 def read_test_set(args, run):
     """The encoded test set (all of it; pairs over max_len skipped with a warning)."""
-    from flax_transformer.training.data import (
+    from flax_transformer.data.pipeline import (
         encode_documents,
         encode_pairs,
         read_text_lines,
         read_tsv,
     )
 
+    if run.model_kind == "encoder":  # a classifier's test set is labels, not translations
+        what = "a sequence classifier" if run.config.head.startswith("sequence") else "an encoder"
+        raise ValueError(
+            f"{args.workdir} is {what} run; `ftx score` scores translation and language-model "
+            "runs. Label a test set with `ftx classify --workdir RUN --input FILE` (a "
+            "classifier's accuracy and macro-F1 are in its training log, valid_* lines)"
+        )
     if args.test_text is not None:
         if run.model_kind != "lm":
             raise ValueError(f"{args.workdir} is a {run.model_kind} run; give --test-tsv")
@@ -121,16 +131,15 @@ def score(args) -> dict:
     import jax
 
     from flax_transformer.cli.train_flags import bleu_tokenizer
+    from flax_transformer.data.pipeline import eval_batches
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
-    from flax_transformer.training.data import eval_batches
     from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
-    from flax_transformer.training.run import enable_x64_for, load_run
+    from flax_transformer.training.run import open_run
     from flax_transformer.training.run_dir import read_run_json
     from flax_transformer.training.steps import make_eval_step
 
-    enable_x64_for(args.workdir)
-    run = load_run(args.workdir, args.checkpoint)
+    run = open_run(args.workdir, args.checkpoint)
     params, which = load_params(args, run)
     dataset = read_test_set(args, run)
     model = model_for(run.config, run.model_kind)
@@ -192,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

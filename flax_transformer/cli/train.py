@@ -21,6 +21,7 @@ import time
 import warnings
 from pathlib import Path
 
+from flax_transformer.cli.process import exit_process
 from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of the old train.py)
     DEFAULT_PRESET,
     DISTRIBUTED_FLAGS,
@@ -40,8 +41,8 @@ from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of 
     wants_float64,
 )
 from flax_transformer.cli.train_resume import changed_settings
+from flax_transformer.data import pipeline as data_checks
 from flax_transformer.files.space import is_out_of_space, out_of_space_message
-from flax_transformer.training import data as data_checks
 from flax_transformer.training import run_dir
 from flax_transformer.training.interrupts import exit_status, sigterm_raises
 from flax_transformer.training.run_dir import read_run_json
@@ -133,8 +134,8 @@ def make_workdir(workdir: Path, lock: WorkdirLock | None = None) -> bool:
 def load_pairs(args, data):
     """(model kind, train pairs, valid pairs) of a built-in task (`data`: DataOptions); the
     corpus files go through cli/train_data.py's CorpusInput and the token cache."""
+    from flax_transformer.data.pipeline import generate_task, held_out
     from flax_transformer.spec.kinds import SEQ2SEQ
-    from flax_transformer.training.data import generate_task, held_out
 
     lengths = (data.task_min_len, data.task_max_len)
     train = generate_task(data.task, data.task_train_size, args.seed, *lengths)
@@ -167,8 +168,8 @@ def split_off_validation(pairs, seed, fraction=0.05):
 def make_tokenizer(args, data, workdir: Path, texts):
     """The run's tokenizer: the workdir's on --resume (and on processes other than 0), the
     --init-from run's, a BPE trained on `texts()` (a bounded sample of the corpus), or bytes."""
+    from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
     from flax_transformer.training.distributed import is_primary
-    from flax_transformer.training.tokenizer import BPETokenizer, ByteTokenizer
 
     if args.resume or not is_primary():
         return run_dir.read_tokenizer(workdir)
@@ -297,14 +298,21 @@ def check_token_budget(options, config) -> None:
     anything is written."""
     if options.batch_tokens is None:
         return
-    from flax_transformer.training.data import bucket_boundaries
+    from flax_transformer.data.pipeline import bucket_boundaries
+    from flax_transformer.data.token_batches import (
+        available_memory,
+        batch_shapes,
+        check_budget_fits,
+    )
     from flax_transformer.training.sharding import parse_mesh
-    from flax_transformer.training.token_batches import batch_shapes
 
     data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
     shapes = batch_shapes(
         options.batch_tokens, bucket_boundaries(config.max_len), options.grad_accum * data
     )
+    # A micro-batch (--grad-accum) is what one step holds at a time.
+    micro = [(rows // options.grad_accum, length) for rows, length in shapes]
+    check_budget_fits(options.batch_tokens, micro, config.tgt_vocab_size, available_memory())
     print(
         f"--batch-tokens {options.batch_tokens}: {len(shapes)} batch shapes (rows x length) "
         + ", ".join(f"{rows}x{length}" for rows, length in shapes)
@@ -390,8 +398,8 @@ def _train(args, data, options, hooks, started: float, workdir: Path, lock: Work
 
 def _train_on(args, data, options, hooks, started, workdir, lock, corpus) -> int:
     """_train with the corpus input (None: a built-in task, in memory)."""
+    from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.spec.kinds import LM, OLD_NAMES
-    from flax_transformer.training.data import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
@@ -568,4 +576,4 @@ if __name__ == "__main__":
     from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
     reexec_with_tuned_malloc()  # (JAX is loaded by now: this entry pays a second start-up)
-    sys.exit(main())
+    exit_process(main())

@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from flax_transformer.cli.train_flags import UsageError
+from flax_transformer.data.corpus import held_out_indices
+from flax_transformer.data.pipeline import warn_if_validation_is_training
 from flax_transformer.spec.kinds import ENCODER
 from flax_transformer.training import classification, run_dir
-from flax_transformer.training.corpus import held_out_indices
-from flax_transformer.training.data import warn_if_validation_is_training
 
 
 class ClassifyInput:
@@ -28,6 +28,7 @@ class ClassifyInput:
     def __init__(self, args, workdir: Path):
         self.args, self.workdir = args, Path(workdir)
         self.train_pairs = classification.read_labelled_tsv(args.train_tsv)
+        classification.check_two_labels(self.train_pairs, args.train_tsv)
         self.valid_pairs = None
         if args.valid_tsv:
             self.valid_pairs = classification.read_labelled_tsv(args.valid_tsv)

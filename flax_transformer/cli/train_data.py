@@ -1,15 +1,16 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text): checked in a
-streaming pass, tokenized once into the run directory's token cache (training/token_cache.py)
+streaming pass, tokenized once into the run directory's token cache (data/token_cache.py)
 and read from it lazily; --resume reuses the cache. The built-in tasks stay in memory
 (cli/train.py's load_pairs)."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
+from flax_transformer.data import corpus, token_cache
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training import corpus, token_cache
 from flax_transformer.training.run_dir import TOKENIZER
 
 
@@ -78,7 +79,7 @@ class CorpusInput:
         """(training set, validation set): the training set from the run's cache for this key
         (--resume, or another process's run) or from a new one built into a staging
         directory (process 0; `install` moves it in); the validation set in memory."""
-        from flax_transformer.training.data import encode_documents, encode_pairs
+        from flax_transformer.data.pipeline import encode_documents, encode_pairs
 
         saved = Path(workdir) / TOKENIZER
         sha = token_cache.tokenizer_fingerprint(tokenizer, saved if saved.exists() else None)
@@ -89,7 +90,17 @@ class CorpusInput:
         self.key = token_cache.cache_key(
             self.path, self.fmt, self.kind, sha, max_len, on_long, holdout
         )
-        directory = token_cache.find_cache(workdir, self.key)
+        try:
+            directory = token_cache.find_cache(workdir, self.key)
+        except token_cache.DamagedCache as err:
+            if not primary:
+                raise
+            print(f"warning: {err}; it is rebuilt", file=sys.stderr)
+            directory = None
+        if directory is not None:
+            print(
+                f"reusing the token cache {directory} (the same {self.path}, tokenizer and max_len)"
+            )
         if directory is None:
             if not primary:
                 raise ValueError(

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = argparse.ArgumentParser(
-        prog="python train.py",
+        prog="ftx train",
         description="Train the Transformer of 'Attention Is All You Need' (JAX/Flax) on a "
         "built-in task, a parallel corpus or a text file, with exact resume.",
     )
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-config",
         help="JSON file of flag values, or a previous run's run.json; command-line flags win",
     )
-    many = p.add_argument_group("multi-process (python -m flax_transformer.launch starts them)")
+    many = p.add_argument_group("multi-process (ftx launch starts them)")
     add_option_flags(many, DistributedOptions, DISTRIBUTED_FLAGS)
     return p
 
@@ -247,7 +247,7 @@ def _flag_values(parser, path, flag) -> dict:
 def check_args(args) -> None:
     """What no options class can see: flags that go together. Values are checked by the options
     classes (options_from_args)."""
-    from flax_transformer.training.data import CLASSIFY
+    from flax_transformer.data.pipeline import CLASSIFY
     from flax_transformer.training.options import DataOptions
 
     check_workdir_not_input(args)  # first: a run that would write over its input is the worst
@@ -296,7 +296,7 @@ def check_args(args) -> None:
 def check_classify_args(args) -> None:
     """--task classify reads --train-tsv (and --valid-tsv) as `text<TAB>label` lines and
     fine-tunes the encoder of --init-from; flags that do not go with it are refused by name."""
-    from flax_transformer.training.data import CLASSIFY
+    from flax_transformer.data.pipeline import CLASSIFY
 
     if args.task != CLASSIFY:
         return
@@ -346,8 +346,8 @@ def has_checkpoint(workdir: Path) -> bool:
 def check_model_flags(args) -> None:
     """The model --config and flags give a valid TransformerConfig (checked before any data is
     read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
+    from flax_transformer.data.tokenizer import ByteTokenizer
     from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
-    from flax_transformer.training.tokenizer import ByteTokenizer
 
     try:
         values = model_values(args)
@@ -428,7 +428,7 @@ def corpus_kind(args) -> str:
     if args.lm_text:
         return LM
     if getattr(args, "train_jsonl", None):
-        from flax_transformer.training.corpus import jsonl_kind
+        from flax_transformer.data.corpus import jsonl_kind
 
         return jsonl_kind(args.train_jsonl)
     return SEQ2SEQ

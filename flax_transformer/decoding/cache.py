@@ -31,8 +31,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
-from flax_transformer.decoding import beam_reorder
 from flax_transformer.decoding.inputs import Source
+from flax_transformer.kernels import beam_reorder
+from flax_transformer.kernels.switches import KERNELS
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.kinds import is_lm
 
@@ -113,9 +114,9 @@ class CachedState:
     def reordered(self, beam_index: jax.Array) -> CachedState:
         """Every beam's cache follows its parent: beam_index (B, K), parents within the row.
         On the CPU each self-attention cache moves in place, only its filled slots
-        (decoding.beam_reorder); elsewhere, and for any other per-beam leaf, a gather."""
+        (kernels.beam_reorder); elsewhere, and for any other per-beam leaf, a gather."""
         gather = lambda x: _gather_beams(x, beam_index)  # noqa: E731
-        if not beam_reorder.use_native():
+        if not KERNELS.reorder.active():
             return self.replace(cache=_map_per_beam(gather, self.cache))
         return self.replace(cache=_reordered_in_place(self.cache, beam_index, gather))
 

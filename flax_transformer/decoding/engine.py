@@ -80,7 +80,7 @@ def _after(pos, model_state, choice: Choice) -> SearchState:
 def _followed(state: SearchState):
     """The model state with every beam following its parent. Done at the start of the next
     step, not at the end of the one that chose: there the reorder is the cache's first use,
-    so the CPU's in-place reorder writes into the loop's own buffer (decoding.beam_reorder)."""
+    so the CPU's in-place reorder writes into the loop's own buffer (kernels.beam_reorder)."""
     return state.model if state.parents is None else state.model.reordered(state.parents)
 
 

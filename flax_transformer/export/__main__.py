@@ -1,8 +1,7 @@
-"""`python -m flax_transformer.export RUN_DIR --format onnx|stablehlo|torch-int8 --out DIR`."""
+"""`python -m flax_transformer.export --workdir RUN --format F --out DIR` = `ftx export`."""
 
-import sys
-
-from flax_transformer.export.cli import main
+from flax_transformer.cli.export import main
+from flax_transformer.cli.process import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -21,12 +21,12 @@ import contextlib
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from flax_transformer.files.space import out_of_space_errno
+from flax_transformer.files.stages import make_stage, release_stage
 
 
 class OutputPathError(ValueError):
@@ -123,15 +123,14 @@ def staged_directory(out: str | Path, force: bool = False, what="output") -> Ite
     out = Path(out)
     check_output_dir(out, force=force, what=what)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp's is private (0700); the output gets the usual mode
+    # (a stage of an earlier command killed with SIGKILL is removed here, saying so)
+    staging = make_stage(out.parent, f".{out.name}.partial-")
     try:
         yield staging
     except BaseException:
         remove_tree(staging)
         raise
+    release_stage(staging)
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         out.rename(old)

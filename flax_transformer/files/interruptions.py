@@ -4,7 +4,8 @@ a traceback.
 `sigterm_raises()` makes SIGTERM raise `Terminated` (a KeyboardInterrupt) in the main thread, as
 Ctrl-C raises KeyboardInterrupt, so that cleanup runs for both (a staged directory is removed,
 an atomic write leaves the old file). `one_line_failures` wraps a command's `main`: Ctrl-C
-exits 130, SIGTERM 143 (the shell's 128 + signal number), out of space 1, each with one line.
+exits 130, SIGTERM 143 (the shell's 128 + signal number), out of space 1, a bad environment
+setting (files.settings.SettingError) 2, each with one line.
 Nothing half-written is left, because every write of the package is all-or-nothing
 (files/atomic_io.py). The training command has its own, richer messages (training/interrupts.py).
 """
@@ -18,11 +19,13 @@ import signal
 import sys
 import threading
 
+from flax_transformer.files.settings import SettingError
 from flax_transformer.files.space import is_out_of_space, out_of_space_message
 
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
 EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
 
 
 class Terminated(KeyboardInterrupt):
@@ -62,8 +65,9 @@ def sigterm_raises():
 
 
 def one_line_failures(main):
-    """Decorator for a command's `main(argv) -> int`: an interruption or a full disk becomes
-    one line on stderr and the exit status (130 / 143 / 1) instead of a traceback."""
+    """Decorator for a command's `main(argv) -> int`: an interruption, a full disk or a bad
+    environment setting (files.settings) becomes one line on stderr and the exit status
+    (130 / 143 / 1 / 2) instead of a traceback."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs):
@@ -75,6 +79,9 @@ def one_line_failures(main):
             said = str(err) or f"interrupted ({how}); nothing half-written was kept"
             print(said, file=sys.stderr)
             return exit_status(err)
+        except SettingError as err:  # e.g. FLAX_TRANSFORMER_REORDER_KERNEL=bogus
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         except Exception as err:  # an OSError, or a library's error that says so (Orbax)
             if not is_out_of_space(err):
                 raise

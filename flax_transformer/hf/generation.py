@@ -168,7 +168,7 @@ _DEVICE_VARIABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _for_generation(hf_model):
     """(model, variables on the device) for the search. A float32 Transformer / TransformerLM
-    computes its products in nn.f32_packed where that runs (FLAX_TRANSFORMER_F32_KERNEL, read
+    computes its products in kernels.f32_packed where that runs (FLAX_TRANSFORMER_F32_KERNEL, read
     when the model first generates): its twin from nn.f32_products, on weights packed once."""
     leaves = jax.tree.leaves(hf_model.variables)
     identity = tuple(map(id, leaves))

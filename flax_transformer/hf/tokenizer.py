@@ -31,6 +31,7 @@ def load_pretrained_tokenizer(directory: str | Path):
     since any warnings.catch_warnings in between (JAX, Orbax, transformers use them) resets it."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_json(directory)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
@@ -42,6 +43,34 @@ def load_pretrained_tokenizer(directory: str | Path):
                 warning.message, warning.category, warning.filename, warning.lineno
             )
     return tokenizer
+
+
+# The JSON files a transformers tokenizer directory may hold; transformers' own error for a
+# damaged one names no file.
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
+
+
+def check_tokenizer_json(directory: str | Path) -> None:
+    """A ValueError naming the first tokenizer JSON file in `directory` that is not JSON (its
+    line and column), before transformers reads it."""
+    for name in TOKENIZER_JSON_FILES:
+        path = Path(directory) / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}: not UTF-8 text (byte {err.start})") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+            ) from None
 
 
 class HFTokenizer:

@@ -8,30 +8,24 @@ unexpected or mis-shaped key is reported in one ConversionError. dtypes are kept
 Files are safetensors with the config JSON in the metadata, so a file describes itself.
 This module does not import torch (only the `.pt` reader does, lazily).
 
-CLI: python -m flax_transformer.convert IN OUT [--config CONFIG.json] [--model transformer|lm]
+The command: `ftx convert` (cli/convert.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flax_transformer.files.atomic_io import OutputPathError, atomic_path, check_output_path
-from flax_transformer.files.interruptions import one_line_failures
+from flax_transformer.files.atomic_io import atomic_path, check_output_path
 from flax_transformer.files.modes import give_umask_mode
-from flax_transformer.files.space import is_out_of_space
+from flax_transformer.lazy import moved_names
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import (
-    MODEL_KINDS,
     OLD_NAMES,
     SEQ2SEQ,
-    current_name,
     infer_model_kind,
 )
 from flax_transformer.spec.naming import (
@@ -263,10 +257,10 @@ def load_flax_params(
     fmt, tensors, config, model = load_weights(path, config, model, allow_nonfinite=allow_nonfinite)
     if fmt == FORMAT_TORCH:
         return torch_state_to_flax(tensors, config, model), config, model
-    return _flax_file_params(tensors, config, model), config, model
+    return flax_file_params(tensors, config, model), config, model
 
 
-def _flax_file_params(tensors, config: TransformerConfig, model: str) -> dict[str, Any]:
+def flax_file_params(tensors, config: TransformerConfig, model: str) -> dict[str, Any]:
     """A Flax file's {'a/b/kernel': array} as the checked params tree {'params': ...}."""
     params = {"params": unflatten_params({tuple(k.split("/")): v for k, v in tensors.items()})}
     check_flax_params(params, config, model)
@@ -285,65 +279,6 @@ def load_torch_state(
     return flax_to_torch_state(params), config, model
 
 
-# ----------------------------------------------------------------------------- CLI
-@one_line_failures
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m flax_transformer.convert` / `ftx convert`: convert torch weights
-    to Flax or back (the direction follows the input), print a JSON summary. Exit status 2 for
-    bad flags or unreadable / inconsistent weights, else 0."""
-    parser = argparse.ArgumentParser(
-        prog="python -m flax_transformer.convert",
-        description="Convert a torch_reference weight file (.safetensors or .pt) to a Flax "
-        "safetensors file, or a Flax file back to torch keys. The direction follows the input.",
-    )
-    parser.add_argument("input", help="torch .safetensors/.pt or Flax .safetensors file")
-    parser.add_argument("output", nargs="?", help="old spelling of --out")
-    parser.add_argument(
-        "--out", "--output", dest="out", help="where to write the converted .safetensors file"
-    )
-    parser.add_argument("--config", help="TransformerConfig JSON (needed for .pt input)")
-    parser.add_argument(
-        "--model", choices=MODEL_KINDS, type=current_name, help="default: from the file / its keys"
-    )
-    parser.add_argument(
-        "--allow-nonfinite",
-        action="store_true",
-        help="convert weights holding nan/inf (refused by default: such a model computes nan)",
-    )
-    args = parser.parse_args(argv)
-    if (args.output is None) == (args.out is None):
-        parser.error("give the output file once: --out OUT (or the old positional OUT)")
-    args.output = args.output if args.output is not None else args.out
-    try:  # before reading anything: the output's directory exists and the output is no input
-        check_output_path(args.output, inputs=(args.input, ("--config file", args.config)))
-    except OutputPathError as err:
-        parser.error(str(err))
-    try:
-        config = TransformerConfig.load(args.config) if args.config else None
-        fmt, tensors, config, model = load_weights(
-            args.input, config, args.model, allow_nonfinite=args.allow_nonfinite
-        )
-        if fmt == FORMAT_TORCH:
-            params = torch_state_to_flax(tensors, config, model)
-            save_flax_params(args.output, params, config, model)
-            direction = "torch -> flax"
-        else:
-            params = _flax_file_params(tensors, config, model)
-            save_torch_state(args.output, flax_to_torch_state(params), config, model)
-            direction = "flax -> torch"
-    except (ConversionError, ValueError, OSError) as err:  # bad input: exit status 2
-        if is_out_of_space(err):
-            raise  # a failed write, not bad input: one_line_failures says it (exit 1)
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    count = len(flatten_params(params))
-    print(
-        json.dumps(
-            {"converted": direction, "model": model, "tensors": count, "output": str(args.output)}
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+# The command (`ftx convert`) moved to cli/convert.py; its names resolve from there for one
+# release, with a DeprecationWarning.
+__getattr__, _ = moved_names(__name__, {"main": "flax_transformer.cli.convert:main"})

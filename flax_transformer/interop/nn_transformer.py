@@ -9,7 +9,7 @@
   padding masks are True on padding. They become one project mask per attention.
 - The weights move in `nn_transformer_weights` (both re-exported by
   `flax_transformer.interop`); `python -m flax_transformer.interop` checks the port against
-  torch (`interop/__main__.py`).
+  torch (the command is cli/nn_transformer_check.py).
 
 Fully padded sequences (every key blocked for a query): the attention of that row is zero, so
 the sublayer contributes only its output bias. PyTorch's regular path (>= 2.5) does the same;

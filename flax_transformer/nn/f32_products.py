@@ -1,12 +1,12 @@
-"""float32 products on weights packed once (nn.f32_packed), for generation.
+"""float32 products on weights packed once (kernels.f32_packed), for generation.
 
 `pack_for_products` returns the variables with every float32 Dense kernel and embedding table
 a PackedF32Matrix (the matrix as stored, plus its copy in the kernel's layout), and
 `packed_products_model` the model's twin whose `apply` routes `Dense.__call__` and
 `nn.Embed.attend` to the kernel when their parameter is packed (lookups read the table as
 stored; anything else runs as usual), as nn.int8_products does for int8. hf.generate uses
-them where nn.f32_packed runs (`FLAX_TRANSFORMER_F32_KERNEL`); the HFModel's own variables are
-never replaced, so saving, converting and the forward pass see plain arrays.
+them where kernels.f32_packed runs (`KERNELS.f32`: FLAX_TRANSFORMER_F32_KERNEL); the HFModel's
+own variables are never replaced, so saving, converting and the forward pass see plain arrays.
 
 The cost in memory: the embedding tables twice (as stored, for the lookups, and packed); the
 Dense kernels are held packed only.
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from flax_transformer.nn import f32_packed
+from flax_transformer.kernels import f32_packed
+from flax_transformer.kernels.switches import KERNELS
 from flax_transformer.nn.layers import Dense, product_matrix
 from flax_transformer.nn.model import Transformer, TransformerLM
 
@@ -91,11 +92,11 @@ class _PackedProductsApply:
 
 
 class PackedProductsTransformer(_PackedProductsApply, Transformer):
-    """Transformer computing its float32 products in nn.f32_packed, on packed variables."""
+    """Transformer computing its float32 products in kernels.f32_packed, on packed variables."""
 
 
 class PackedProductsTransformerLM(_PackedProductsApply, TransformerLM):
-    """TransformerLM computing its float32 products in nn.f32_packed, on packed variables."""
+    """TransformerLM computing its float32 products in kernels.f32_packed, on packed variables."""
 
 
 def packed_products_model(model):
@@ -110,10 +111,11 @@ def packed_products_model(model):
 
 def for_generation(model, variables: dict, config) -> tuple:
     """(model, variables) a float32 Transformer / TransformerLM generates with: its packed twin
-    and packed variables where nn.f32_packed runs (its switch, the CPU), else as given."""
+    and packed variables where kernels.f32_packed runs (KERNELS.f32: its switch, the CPU), else
+    as given."""
     twin = packed_products_model(model)
     if twin is None or not config.dtype == config.param_dtype == "float32":
         return model, variables
-    if not f32_packed.use_packed():
+    if not KERNELS.f32.active():
         return model, variables
     return twin, pack_for_products(variables)

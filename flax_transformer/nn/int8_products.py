@@ -7,10 +7,10 @@ The model code is not changed: `Int8ProductsTransformer` / `Int8ProductsTransfor
 `apply` under a flax method interceptor that routes `Dense.__call__` and `nn.Embed.__call__` /
 `attend` to the int8 code when their parameter is an Int8Matrix (anything else runs as usual).
 
-On a CPU with Intel AMX the products run in nn.int8_amx's kernel, on weights packed once by
+On a CPU with Intel AMX the products run in kernels.int8_amx's kernel, on weights packed once by
 `quantize_for_products` (an AmxInt8Matrix); elsewhere, and for matrices whose input size is
 not a multiple of 64, in XLA's int8 dot. Both are exact int8 x int8 -> int32, so the two paths
-give the same numbers; FLAX_TRANSFORMER_INT8_KERNEL chooses (nn.int8_amx).
+give the same numbers; FLAX_TRANSFORMER_INT8_KERNEL chooses (`KERNELS.int8`, kernels.switches).
 
 Why dynamic int8 and not weight-only: on XLA:CPU a dequantise-then-float32 product is slower
 than float32 itself; an int8 x int8 product of 4-8 rows was 2-2.8x faster (bench/NOTES.md,
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from flax_transformer.nn import int8_amx
+from flax_transformer.kernels import int8_amx
+from flax_transformer.kernels.switches import KERNELS
 from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
 from flax_transformer.nn.layers import Dense, product_matrix
 from flax_transformer.nn.model import Transformer, TransformerLM
@@ -40,7 +41,7 @@ MIN_ROWS = 4
 
 @struct.dataclass
 class AmxInt8Matrix(Int8Matrix):
-    """An Int8Matrix whose products run in nn.int8_amx's kernel: `packed` is the matrix as
+    """An Int8Matrix whose products run in kernels.int8_amx's kernel: `packed` is the matrix as
     (in, out), in the kernel's layout (int8_amx.pack), `values` and `scale` as before."""
 
     packed: jax.Array | None = None
@@ -102,10 +103,11 @@ def int8_interceptor(next_fun, args, kwargs, context):
 def quantize_for_products(variables: dict) -> dict:
     """{"params": tree} with every Dense kernel (one scale per column) and nn.Embed table (one
     scale per row) an Int8Matrix (nn.int8.quantize_matrix); other leaves (a relative position
-    bias's table among them) and collections as they were. Where nn.int8_amx runs (its switch, the
-    CPU), the matrices whose input size suits its tiles are AmxInt8Matrix, packed for it."""
+    bias's table among them) and collections as they were. Where kernels.int8_amx runs
+    (KERNELS.int8: its switch, the CPU), the matrices whose input size suits its tiles are
+    AmxInt8Matrix, packed for it."""
     axes = {"kernel": 0, "embedding": 1}  # the axis reduced: the scale runs along the other
-    amx = int8_amx.use_amx()
+    amx = KERNELS.int8.active()
 
     def leaf(path, value):
         name = product_matrix(path, value)

@@ -25,8 +25,9 @@ from flax_transformer.nn.layers import (
     layer_norm,
     with_axes,
 )
-from flax_transformer.nn.token_ids import check_same_batch, check_token_ids
-from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.nn.token_ids import as_token_array, check_same_batch, check_token_ids
+from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
+from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ
 
 
 def check_tokens(name: str, tokens: jax.Array, max_len: int, vocab: int | None = None) -> None:
@@ -310,6 +311,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, SEQ2SEQ)  # no decoder: an output that ignores the source
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.tgt_embed_table = self.shared_embed
@@ -341,6 +343,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         cross_mask (the decoder's view of the source) defaults to src_mask. Packed rows
         (training/packing.py) give all three from segment ids, and src_positions /
         tgt_positions (batch, len) restart at 0 for each example."""
+        src, tgt = as_token_array("src", src), as_token_array("tgt", tgt)  # lists accepted
         if np.ndim(src) == 2 and np.ndim(tgt) == 2:  # other ranks: check_tokens names them
             check_same_batch(src=src, tgt=tgt)
             check_tokens("tgt", tgt, self.config.max_len, self.config.tgt_vocab_size)  # before work
@@ -359,6 +362,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         """(batch, src_len) tokens -> (batch, src_len, d_model). src_mask: key mask, True = real;
         positions (batch, src_len): each token's position (default 0, 1, ...)."""
         cfg = self.config
+        src = as_token_array("src", src)
         src_mask = checked_source(cfg, src, src_mask, positions)
         x = self._embed(self.src_embed_table, src, 0, deterministic, "src_embedded", positions)
         relative = relative_positions(cfg, src.shape[1], 0, positions, decode=False)
@@ -383,6 +387,7 @@ class Transformer(_EmbeddingsMixin, nn.Module):
         the cache positions (batch, 1, tgt_len, max_len) and defaults to causal-over-cache.
         """
         cfg = self.config
+        tgt = as_token_array("tgt", tgt)
         check_tokens("tgt", tgt, cfg.max_len, cfg.tgt_vocab_size)
         batch, tgt_len = tgt.shape
         if not decode and tgt_mask is None:
@@ -425,6 +430,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, LM)
         self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
         self._setup_positions(cfg, with_source=False)
         if cfg.embed_norm:
@@ -447,6 +453,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         causal-over-cache. positions (batch, len): each token's position (left-padded prompts,
         as transformers' position_ids); default: 0.. (continuing from the cache)."""
         cfg = self.config
+        tokens = as_token_array("tokens", tokens)  # a list of rows accepted, as numpy would
         check_tokens("tokens", tokens, cfg.max_len, cfg.tgt_vocab_size)
         batch, length = tokens.shape
         if not decode and mask is None:
@@ -476,6 +483,7 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
+        check_config_for_kind(cfg, ENCODER)
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.shared_embed
@@ -529,6 +537,7 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
         """(the last hidden states (batch, src_len, d_model), the pooler output (batch,
         d_model) or None without config.pooler); arguments as __call__."""
         cfg = self.config
+        src = as_token_array("src", src)
         src_mask = checked_source(cfg, src, src_mask, positions)
         check_positions("token_types", token_types, src.shape)
         if positions is None and cfg.positions_skip_padding:

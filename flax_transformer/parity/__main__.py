@@ -1,7 +1,6 @@
-"""`python -m flax_transformer.parity A B`: see parity/cli.py."""
+"""`python -m flax_transformer.parity A B` = `ftx parity` (cli/parity.py)."""
 
-import sys
+from flax_transformer.cli.parity import main
+from flax_transformer.cli.process import exit_process
 
-from flax_transformer.parity.cli import main
-
-sys.exit(main())
+exit_process(main())

@@ -1,2 +1,3 @@
-"""Training: state, optimizer, loss and steps, the loop, checkpoints, data, tokenizers,
-evaluation, plots, sharding, run directories."""
+"""Training: state, optimizer, loss and steps, the loop, checkpoints, evaluation, plots,
+sharding, run directories (and loading a run). The data it trains on comes from
+`flax_transformer.data`."""

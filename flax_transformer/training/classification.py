@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flax_transformer.training.data import (  # noqa: F401  (CLASSIFY: the task's name)
+from flax_transformer.data.pipeline import (  # noqa: F401  (CLASSIFY: the task's name)
     CLASSIFY,
     DataError,
     LabelledDataset,
@@ -40,6 +40,18 @@ def read_labelled_tsv(path: str | Path) -> list[Pair]:
     the label, stripped); a DataError naming the file and line for anything else."""
     pairs = read_tsv(path, names=("text", "label"))
     return [dataclasses.replace(pair, target=pair.target.strip()) for pair in pairs]
+
+
+def check_two_labels(pairs: list[Pair], path: str | Path) -> None:
+    """A training file names at least two labels, or a DataError naming it: a one-label
+    "classifier" would answer that label with probability 1 whatever the text, and exported,
+    transformers reads num_labels=1 as a regression head."""
+    labels = {pair.target for pair in pairs}
+    if len(labels) < 2:
+        found = f"only the label {next(iter(labels))!r}" if labels else "no labels"
+        raise DataError(
+            f"{path}: a classifier needs at least 2 labels in its training file; found {found}"
+        )
 
 
 # ----------------------------------------------------------------------------- the labels

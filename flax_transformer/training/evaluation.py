@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.training.data import Dataset, eval_batches
+from flax_transformer.data.pipeline import Dataset, eval_batches
 from flax_transformer.training.steps import add_sums, summarize
 
 

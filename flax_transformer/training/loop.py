@@ -30,7 +30,8 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from flax_transformer.files.space import out_of_space_message
+from flax_transformer.data.pipeline import BatchLoader, Dataset, bucket_boundaries, eval_batches
+from flax_transformer.data.token_batches import batch_shapes
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import SEQ2SEQ
@@ -42,7 +43,6 @@ from flax_transformer.training.checkpoint import (
     is_disk_full,
 )
 from flax_transformer.training.classification import LabelChoice, evaluate_classifier, scores_of
-from flax_transformer.training.data import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
@@ -50,7 +50,12 @@ from flax_transformer.training.evaluation import (
     evaluate_loss,
 )
 from flax_transformer.training.hooks import StepHook, StepInfo, call_hooks
-from flax_transformer.training.interrupts import interrupted
+from flax_transformer.training.interrupts import (  # noqa: F401  (TrainingError: its old home)
+    TrainingError,
+    check_event_file,
+    interrupted,
+    write_failed,
+)
 from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_confusion, plot_curves
@@ -61,11 +66,6 @@ from flax_transformer.training.sharding import check_config_fits, make_mesh, sha
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
 from flax_transformer.training.tensorboard_log import TensorBoardLog
-from flax_transformer.training.token_batches import batch_shapes
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. the loss became NaN); checkpoints already saved are kept."""
 
 
 @dataclasses.dataclass
@@ -326,13 +326,14 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     finally:
         profiler.stop()
         if tensorboard is not None:  # a crashed run's events are on disk; a resume purges them
-            tensorboard.flush()
+            tensorboard.flush(quietly=True)  # (on an error path, that error is the one said)
         bar.close()
         close_checkpoints(checkpointer, quietly=interrupt is not None)
         if interrupt is not None and best_checkpointer is not None:
             close_checkpoints(best_checkpointer, quietly=True)
     if interrupt is not None:
         raise interrupted(interrupt, at, _last(checkpointer), workdir) from None
+    check_event_file(tensorboard, checkpointer, metrics_path)
     stats = {
         "steps_trained": int(state.step) - start_step,  # 0: a --resume of a finished run
         "tokens_per_sec": tokens / max(train_time, 1e-9),
@@ -342,7 +343,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     }
     best = (tracker, best_checkpointer)
     try:
-        return finish(
+        results = finish(
             job, model, on_host(state), eval_step, valid_batches, hooks, stats, wall_start,
             log, best,
         )  # fmt: skip
@@ -354,9 +355,11 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
         raise write_failed(err, checkpointer, metrics_path) from None
     finally:
         if tensorboard is not None:
-            tensorboard.close()
+            tensorboard.close()  # quietly: a failed last flush is said below
         if best_checkpointer is not None:
             best_checkpointer.close()
+    check_event_file(tensorboard, checkpointer, metrics_path)
+    return results
 
 
 def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
@@ -374,36 +377,6 @@ def close_checkpoints(checkpointer: Checkpointer, quietly: bool) -> None:
 def _last(checkpointer: Checkpointer) -> int | None:
     steps = checkpointer.finished_steps()
     return steps[-1] if steps else None
-
-
-def write_failed(err: Exception, checkpointer, metrics_path: Path) -> TrainingError:
-    """The run stops: metrics.jsonl is cut back to the last good checkpoint (what --resume
-    continues from), and one message says what happened (a full disk: which path) and what is
-    kept. `err`: a CheckpointWriteError, or an OSError of any other write."""
-    try:
-        checkpointer.wait()  # a save in flight (an earlier step's) counts once it is complete
-    except CheckpointWriteError:
-        pass  # it was cut short too: the step before is the last good one
-    steps = checkpointer.finished_steps()
-    last = steps[-1] if steps else 0
-    if isinstance(err, CheckpointWriteError):
-        path = checkpointer.directory / str(err.step)
-        full = err.disk_full
-    else:
-        path, full = err.filename or "a file of the run", True  # (only out-of-space comes here)
-    what = out_of_space_message(err.__cause__ or err, path) if full else str(err)
-    try:
-        truncate_metrics(metrics_path, last)
-        metrics = f"metrics.jsonl now ends at step {last}"
-    except OSError as write_err:
-        metrics = f"metrics.jsonl could not be cut back ({write_err.strerror or write_err})"
-    again = "there is space" if full else "the directory is writable"
-    kept = (
-        f"the last good checkpoint is step {last} (continue from it with --resume once {again})"
-        if steps
-        else "no checkpoint was saved before"
-    )
-    return TrainingError(f"{what}; stopping. Nothing was deleted: {kept}; {metrics}.")
 
 
 def cap_validation(job: Job) -> Job:

@@ -14,12 +14,12 @@ import dataclasses
 import warnings
 from typing import Any
 
+from flax_transformer.data.pipeline import CLASSIFY, LONG_POLICIES, TASKS
+from flax_transformer.data.tokenizer import BPE_MIN_VOCAB, TOKENIZERS
 from flax_transformer.spec.validate import SEED, Bool, Choice, Float, Int, Rule, Text
 from flax_transformer.training.best import METRICS
-from flax_transformer.training.data import CLASSIFY, LONG_POLICIES, TASKS
 from flax_transformer.training.optim import SCHEDULES
 from flax_transformer.training.profiling import parse_step_range
-from flax_transformer.training.tokenizer import BPE_MIN_VOCAB, TOKENIZERS
 
 # sacrebleu's tokenizers for the BLEU score; "char" scores the built-in tasks letter by letter.
 BLEU_TOKENIZERS = ("13a", "char", "zh", "intl", "none")
@@ -134,8 +134,8 @@ class TrainOptions:
     )
     init_from: str | None = option(
         None,
-        "start from the weights, config and tokenizer of a run directory (a train.py workdir, "
-        "or one made by `python -m flax_transformer.hf import`); not with --config or model flags",
+        "start from the weights, config and tokenizer of a run directory (one of ftx train, "
+        "or one made by `ftx hf import`); not with --config or model flags",
         metavar="RUN_DIR",
     )
     mesh: str | None = option(

@@ -82,6 +82,38 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
 
 
+class RunLoadError(ValueError):
+    """A workdir that a command cannot use: one line naming the workdir and why (exit status 2
+    in the commands)."""
+
+
+def open_run(
+    workdir: str | Path,
+    checkpoint: str | int | None = None,
+    *,
+    kinds: tuple[str, ...] | None = None,
+    purpose: str = "this command",
+) -> RunArtifacts:
+    """THE way a command loads a run (generate, classify, score, export, parity, hf export): the
+    workdir must be a directory; JAX's 64-bit mode goes on for a float64 run (before any array
+    exists); then load_run's checkpoint choice, and the model kinds `purpose` can use (None:
+    any). Every failure is one RunLoadError."""
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise RunLoadError(f"--workdir {workdir} is not a directory")
+    enable_x64_for(workdir)  # a float64 run stays float64
+    try:
+        run = load_run(workdir, checkpoint)
+    except (ValueError, FileNotFoundError) as err:  # CheckpointReadError is a ValueError
+        raise RunLoadError(f"cannot load run {workdir}: {err}") from None
+    if kinds is not None and run.model_kind not in kinds:
+        raise RunLoadError(
+            f"{workdir} holds a {run.model_kind} model; {purpose} needs a model of kind "
+            + " or ".join(kinds)
+        )
+    return run
+
+
 def is_float64(config: TransformerConfig) -> bool:
     """Does the model compute or store its parameters in float64 (which needs JAX's x64)?"""
     return "float64" in (config.dtype, config.param_dtype)

@@ -1,7 +1,7 @@
 """The run directory (`--workdir`): one name per file, and the one function that writes each.
 
 Every command that reads or writes a run goes through this module: the training CLI
-(cli/train.py) and loop (training/loop.py), `hf import`/`hf export` (hf/run_dir.py),
+(cli/train.py) and loop (training/loop.py), `hf import`/`hf export` (training/hf_runs.py),
 `generate`, `export` and `parity` (through training/run.py's `load_run`).
 
 name (constant)                 written by -> read by; format
@@ -51,6 +51,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from flax_transformer.data.token_cache import TOKEN_CACHE  # its own module names its folder
 from flax_transformer.files.atomic_io import atomic_write_bytes, atomic_write_text
 
 CONFIG = "config.json"
@@ -74,7 +75,6 @@ TORCH_WEIGHTS = "torch_model.safetensors"
 BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
 RESULTS = "results.json"
 LOCK = ".lock"
-TOKEN_CACHE = "token_cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +194,7 @@ def write_tokenizer(workdir: Path, tokenizer) -> None:
 def read_tokenizer(workdir: Path):
     """The run's tokenizer from workdir/tokenizer.json (byte, BPE or transformers); ValueError if
     it is missing or not a tokenizer file."""
-    from flax_transformer.training.tokenizer import load_tokenizer
+    from flax_transformer.data.tokenizer import load_tokenizer
 
     return load_tokenizer(Path(workdir) / TOKENIZER)
 

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from flax_transformer.data.packing import batch_model_kwargs
 from flax_transformer.nn.kinds import kind_of
 from flax_transformer.spec.kinds import model_inputs
-from flax_transformer.training.packing import batch_model_kwargs
 from flax_transformer.training.state import TrainState
 
 

@@ -156,6 +156,7 @@ def config_problems(hf_config: Mapping[str, Any], family: Family) -> tuple[dict,
             config[name], problem = field_type.check(hf_config[name])
             if problem:
                 problems.append(f"{name}: {problem}")
+    problems += label_problems(hf_config)
     bad, said = {p.split(":")[0] for p in problems} | set(missing), set()
     for width, heads in family.width_and_heads:
         if {width, heads} & bad or config.get(width) is None or config.get(heads) is None:
@@ -167,3 +168,35 @@ def config_problems(hf_config: Mapping[str, Any], family: Family) -> tuple[dict,
                 "(each head takes an equal slice of the width)"
             )
     return config, problems
+
+
+def label_problems(hf_config: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a classifier's labels: `id2label` must map the integers 0..n-1 (as JSON
+    strings) to names, and a `num_labels` beside it must say n. transformers builds the head
+    from one key and the weights may follow the other, so a disagreement is refused here
+    rather than guessed (the model would load, then export a config transformers refuses)."""
+    id2label, stated = hf_config.get("id2label"), hf_config.get("num_labels")
+    if id2label is None:
+        return []
+    if not isinstance(id2label, Mapping):
+        return [f"id2label: must be an object {{class id: label name}}, got {_shown(id2label)}"]
+    keys = [_as_int(key) if not isinstance(key, str) else _int_text(key) for key in id2label]
+    bad = [key for key, number in zip(id2label, keys, strict=True) if number is None]
+    if bad:
+        return [f"id2label: keys must be class ids (integers), got {_shown(bad[0])}"]
+    if sorted(keys) != list(range(len(keys))):
+        return [f"id2label: class ids must be 0..{len(keys) - 1}, got {sorted(keys)}"]
+    if stated is not None and _as_int(stated) != len(keys):
+        return [
+            f"num_labels: {_shown(stated)} disagrees with id2label, which names {len(keys)} "
+            "labels (make them agree)"
+        ]
+    return []
+
+
+def _int_text(text: str) -> int | None:
+    """A JSON object key read as an integer ("3" -> 3), or None."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
