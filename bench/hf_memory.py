@@ -10,7 +10,8 @@ the llama family registered). The tensor names and shapes come from transformers
 config built on the meta device (no weights are allocated), the tied copies left out as
 save_pretrained leaves them out. A tiny word-level tokenizer goes along (a run needs one).
 
-Then, each in its own subprocess, timed, its peak resident set size read from os.wait4:
+Then, each in its own subprocess, timed, its peak resident set size its ru_maxrss (read
+in a small wrapper process, not in a fork of this one, which holds GBs):
 1. `ftx hf import` of a tiny model of the same family (the Python + JAX + transformers +
    Orbax baseline of an import),
 2. `ftx hf import CKPT --workdir RUN --dtype bfloat16` (the run keeps bfloat16 parameters),
@@ -147,21 +148,30 @@ def write_checkpoint(path: Path, config, max_shard_size: str, seed: int = 0) -> 
     return int(split.metadata["total_size"])
 
 
+# Runs the command in a fresh, small interpreter and prints its peak RSS (KiB): a child forked
+# from the benchmark itself would start with the benchmark's pages mapped (it has just written
+# GBs), and ru_maxrss would count them.
+_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(done.returncode)\n"
+)
+
+
 def measured(command: list[str]) -> dict:
-    """Run `command`; its wall seconds and peak RSS (MB, os.wait4's ru_maxrss); raises on a
-    nonzero exit with its stderr."""
+    """Run `command` (from a small wrapper process); its wall seconds and peak RSS (MiB, its
+    ru_maxrss); raises on a nonzero exit with its stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.stdout, proc.stderr
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, *command], env=env, capture_output=True, text=True
+    )
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = err.read().decode(errors="replace")
-    out.read(), out.close(), err.close()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{stderr[-3000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    peak_kib = int(done.stdout.split()[-1])
+    return {"wall_s": round(wall, 2), "peak_rss_mb": round(peak_kib / 1024, 1)}
 
 
 def ftx(*args: str) -> list[str]:
