@@ -252,7 +252,7 @@ def test_a_failed_hf_export_with_force_keeps_the_old_directory(
     out.mkdir()
     (out / "keep.txt").write_text("mine")
 
-    def full_disk(model, path):
+    def full_disk(model, path, max_shard_size=None):
         (Path(path) / "config.json").write_text("{half")
         raise OSError(28, "No space left on device")
 

@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("run_dir", nargs="?", help="old spelling of --workdir")
     imp.add_argument("--workdir", metavar="RUN", help="the run directory to create (new or empty)")
+    imp.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the run's parameter dtype (default float32; bfloat16 keeps a bfloat16 "
+        "checkpoint's bits and half the memory)",
+    )
     exp = commands.add_parser("export", help="run directory -> save_pretrained directory")
     exp.add_argument(
         "paths", nargs="*", metavar="RUN_DIR HF_DIR", help="old spelling of --workdir and --out"
@@ -56,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="replace a non-empty --out (never one that is, holds or lies inside the run)",
+    )
+    exp.add_argument(
+        "--max-shard-size",
+        default="50GB",
+        metavar="SIZE",
+        help="largest weight file, as save_pretrained's max_shard_size: '5GB', '500MB' or "
+        "bytes (default 50GB: one model.safetensors up to that size, else shards + index)",
     )
     exp.add_argument(
         "--checkpoint",
@@ -81,6 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("export needs --workdir RUN and --out HF_DIR (or the old RUN_DIR HF_DIR)")
     if paths:
         parser.error(f"unexpected argument(s) {' '.join(paths)}: --workdir and --out are given")
+    from flax_transformer.hf.shards import parse_shard_size
+
+    if args.max_shard_size.strip().isdigit():  # bytes
+        args.max_shard_size = int(args.max_shard_size)
+    try:
+        parse_shard_size(args.max_shard_size)
+    except ValueError as err:
+        parser.error(str(err))
     args.run_dir, args.hf_dir = run_dir, hf_dir
     return args
 
@@ -132,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "import":
-            out = import_run(args.hf_dir, args.run_dir)
+            out = import_run(args.hf_dir, args.run_dir, dtype=args.dtype)
         else:
-            out = export_run(args.run_dir, args.hf_dir, args.checkpoint, force=args.force)
+            out = export_run(
+                args.run_dir, args.hf_dir, args.checkpoint, force=args.force,
+                max_shard_size=args.max_shard_size,
+            )  # fmt: skip
     except (ValueError, ConversionError, OSError) as err:
         if is_out_of_space(err):
             raise  # a failed write, not bad input: one_line_failures says it (exit 1)

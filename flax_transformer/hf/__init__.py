@@ -8,9 +8,12 @@ encoders) in JAX: load, run, generate, save.
     tokens = model.generate(input_ids, attention_mask, num_beams=4)        # transformers' layout
     hf.save(model, "out-dir")              # from_pretrained reads it back
 
-`load(path, dtype="float32") -> HFModel` reads config.json, the weights (safetensors, or
-pytorch_model.bin with torch.load(weights_only=True)), generation_config.json and the tokenizer
-files with numpy and safetensors; the weights are checked strictly. `HFModel` holds `.module`
+`load(path, dtype="float32") -> HFModel` reads config.json, the weights (model.safetensors, a
+sharded model.safetensors.index.json, or pytorch_model.bin with torch.load(weights_only=True)),
+generation_config.json and the tokenizer files with numpy; the weights are checked strictly and
+read one tensor at a time (dtype="bfloat16" keeps a bfloat16 file's bits).
+`save(model, path, max_shard_size="50GB")` writes them back, in shards as save_pretrained does
+when they pass max_shard_size. `HFModel` holds `.module`
 (the linen Transformer / TransformerLM / TransformerEncoder), `.variables`, `.config` (the
 TransformerConfig),
 `.hf_config`, `.generation_config`, `.tokenizer` (transformers' AutoTokenizer, loaded lazily,

@@ -13,18 +13,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from flax_transformer.files.atomic_io import atomic_write_text
-from flax_transformer.files.modes import give_umask_mode
-from flax_transformer.interop.convert import load_safetensors, load_torch_pickle
+from flax_transformer.hf.shards import (
+    DEFAULT_MAX_SHARD_SIZE,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    open_sharded,
+    write_weights,
+)
+from flax_transformer.interop.convert import load_torch_pickle
+from flax_transformer.interop.safetensors_stream import open_safetensors
 from flax_transformer.spec.tree_check import ConversionError
 
-SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-)
+TORCH_BIN = "pytorch_model.bin"
 # Files a transformers tokenizer may be saved as (any subset).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -47,7 +48,7 @@ class HFCheckpoint:
     generation_config.json and the weights file they came from."""
 
     hf_config: dict[str, Any]
-    state: dict[str, np.ndarray]  # HF key -> array, as stored
+    state: dict[str, Any]  # HF key -> array as stored (LazyArray: read when asked for)
     generation_config: dict[str, Any]  # {} when there is no generation_config.json
     weights_path: Path  # the file (or index) the weights came from
 
@@ -78,17 +79,14 @@ def read_hf_dir(path: str | Path) -> HFCheckpoint:
     return HFCheckpoint(hf_config, state, generation_config, weights_path)
 
 
-def read_weights(path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+def read_weights(path: Path) -> tuple[Path, dict[str, Any]]:
     """(the file read, HF key -> array) from model.safetensors, a sharded safetensors index or
-    pytorch_model.bin, in that order; ConversionError if the directory has none."""
+    pytorch_model.bin, in that order; ConversionError if the directory has none. safetensors
+    tensors are LazyArrays (only the headers are read here; each tensor when it is converted)."""
     if (path / SAFETENSORS).exists():
-        return path / SAFETENSORS, load_safetensors(path / SAFETENSORS)[0]
+        return path / SAFETENSORS, open_safetensors(path / SAFETENSORS)[0]
     if (path / SAFETENSORS_INDEX).exists():
-        index = read_json(path / SAFETENSORS_INDEX, "safetensors index")
-        state: dict[str, np.ndarray] = {}
-        for shard in sorted(set(index.get("weight_map", {}).values())):
-            state.update(load_safetensors(path / shard)[0])
-        return path / SAFETENSORS_INDEX, state
+        return path / SAFETENSORS_INDEX, open_sharded(path / SAFETENSORS_INDEX)
     if (path / TORCH_BIN).exists():
         return path / TORCH_BIN, load_torch_pickle(path / TORCH_BIN)
     raise ConversionError(
@@ -99,20 +97,19 @@ def read_weights(path: Path) -> tuple[Path, dict[str, np.ndarray]]:
 def write_hf_dir(
     path: str | Path,
     hf_config: dict[str, Any],
-    state: dict[str, np.ndarray],
+    state: dict[str, Any],
     generation_config: dict[str, Any],
     tokenizer_from: Path | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
-    """Write config.json, model.safetensors (metadata format "pt", as transformers writes it),
+    """Write config.json, the weights (metadata format "pt", as transformers writes them):
+    model.safetensors, or shards of at most `max_shard_size` and their index (hf/shards.py),
+    each tensor of `state` (arrays or LazyArrays) produced and written in turn,
     generation_config.json (when not empty) and the tokenizer files found in `tokenizer_from`."""
-    from safetensors.numpy import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    tensors = {k: np.ascontiguousarray(v) for k, v in state.items()}
-    save_file(tensors, str(path / SAFETENSORS), metadata={"format": "pt"})
-    give_umask_mode(path / SAFETENSORS)  # safetensors writes 0600 whatever the umask
+    write_weights(path, state, max_shard_size, metadata={"format": "pt"})
     if generation_config:
         text = json.dumps(generation_config, indent=2, sort_keys=True) + "\n"
         atomic_write_text(path / "generation_config.json", text)

@@ -19,8 +19,9 @@ from flax_transformer.hf.checkpoint import (
 )
 from flax_transformer.hf.config import check_hf_config, hf_to_config, model_kind
 from flax_transformer.hf.families import Family, family_for
+from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
-from flax_transformer.hf.weights import hf_state_to_params, params_to_hf_state
+from flax_transformer.hf.weights import hf_state_to_params, params_to_lazy_hf_state
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.int8_products import (
     int8_products_model,
@@ -236,7 +237,9 @@ QUANTIZE = (None, "int8")
 def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) -> HFModel:
     """A save_pretrained directory (marian, bart, mbart, gpt2, t5, mt5, umt5) as an HFModel
     whose weights are cast to and computed in `dtype` ("float64" needs JAX's x64 mode, e.g.
-    parity checks).
+    parity checks; "bfloat16" keeps a bfloat16 checkpoint's bits), held as JAX arrays. The
+    weights (model.safetensors or a sharded model.safetensors.index.json) are read, converted
+    and cast one tensor at a time: no copy of the whole model in another dtype on the way.
 
     `quantize="int8"`: the Dense kernels and the embedding table held as int8 with one float32
     scale per output channel, every matrix product computed as dynamic int8 (activations
@@ -277,6 +280,8 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
         if kind == ENCODER:
             raise ValueError("quantize='int8' is for seq2seq and LM models, not a bare encoder")
         module, params = int8_products_model(module), quantize_for_products(params)
+    else:
+        params = _on_device(params)
     return HFModel(
         module=module,
         variables=params,
@@ -287,15 +292,35 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
     )
 
 
-def save(model: HFModel, path: str | Path) -> Path:
-    """Write `model` as a save_pretrained directory: config.json, model.safetensors (in the
-    model's parameter dtype), generation_config.json and the source directory's tokenizer."""
+def _on_device(tree: dict) -> dict:
+    """The numpy leaves of a nested dict as JAX arrays on the default device, one leaf at a
+    time, each numpy array dropped as soon as it is placed (never two copies of the model)."""
+    out = {}
+    for name in list(tree):
+        leaf = tree.pop(name)
+        out[name] = _on_device(leaf) if isinstance(leaf, dict) else jax.device_put(leaf)
+        del leaf
+    return out
+
+
+def save(
+    model: HFModel, path: str | Path, max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE
+) -> Path:
+    """Write `model` as a save_pretrained directory: config.json, the weights in the model's
+    parameter dtype (bit-exact: a bfloat16 model writes bfloat16), generation_config.json and
+    the source directory's tokenizer. The weights are model.safetensors, or shards of at most
+    `max_shard_size` bytes ("5GB", "200MB", or an int; transformers' save_pretrained default
+    "50GB") with model.safetensors.index.json, as save_pretrained(max_shard_size=...) writes
+    them. Each tensor is converted and written in turn: no second copy of the model."""
     if not isinstance(model, HFModel):
         raise TypeError(f"hf.save takes an HFModel (from hf.load), got {type(model).__name__}")
     if is_int8_products(model.module):
         raise ValueError("hf.save writes float weights; this model was loaded with quantize='int8'")
+    parse_shard_size(max_shard_size)  # ValueError before anything is written
     model_type = model.hf_config.get("model_type")
     family_for(model_type, where="hf.save")  # UnsupportedConfigError (a ValueError) for others
-    state = params_to_hf_state(jax.tree.map(np.asarray, model.variables), model.hf_config)
+    state = params_to_lazy_hf_state(model.variables, model.hf_config)
     hf_config = {**model.hf_config, "dtype": model.config.param_dtype}
-    return write_hf_dir(path, hf_config, state, model.generation_config, model.source)
+    return write_hf_dir(
+        path, hf_config, state, model.generation_config, model.source, max_shard_size
+    )

@@ -30,8 +30,15 @@ from flax_transformer.interop.convert import (
     flax_to_torch_state,
     torch_state_to_params,
 )
+from flax_transformer.interop.safetensors_stream import LazyArray
 from flax_transformer.spec.config import TransformerConfig
-from flax_transformer.spec.naming import flax_path_to_torch_key, is_transposed
+from flax_transformer.spec.naming import (
+    LEAF_TO_TORCH,
+    convert_layout,
+    flatten_params,
+    flax_path_to_torch_key,
+    is_transposed,
+)
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.tree_check import ConversionError, check_tree
 from flax_transformer.spec.validate import weight_problems
@@ -61,6 +68,7 @@ __all__ = [
     "normalize_hf_state",
     "numpy_dtype",
     "params_to_hf_state",
+    "params_to_lazy_hf_state",
     "tied_groups",
     "unused_keys",
 ]
@@ -207,14 +215,19 @@ def hf_to_canonical(
     fused_hf = _fused_regexes(family)[0] if fused else None
     canonical = {}
     for key, value in state.items():
-        value = np.asarray(value)
+        if not isinstance(value, LazyArray):  # read lazily: converted when asked for
+            value = np.asarray(value)
         if key == "final_logits_bias":
             canonical["logits_bias.bias"] = value.reshape(-1)
             continue
         match = fused_hf.match(key) if fused_hf else None
         if match:
             layer, leaf = match["i"], match["p"]
-            pieces = np.split(value, 3, axis=-1)  # (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            # (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            if isinstance(value, LazyArray):
+                pieces = value.split(3, axis=-1)
+            else:
+                pieces = np.split(value, 3, axis=-1)
             for name, piece in zip(("query", "key", "value"), pieces, strict=True):
                 if leaf == "weight" and fused.transposed:
                     piece = piece.T  # Conv1D (in, out) -> (out, in)
@@ -260,16 +273,61 @@ def canonical_to_hf(state: Mapping[str, Any], hf_config: str | Mapping[str, Any]
         pieces = [parts[n] for n in ("query", "key", "value")]
         if leaf == "weight" and fused.transposed:
             pieces = [np.transpose(p) for p in pieces]  # (out, in) -> Conv1D (in, out)
-        hf[fused.hf_template.format(i=layer, p=leaf)] = np.concatenate(pieces, axis=-1)
+        lazy = any(isinstance(p, LazyArray) for p in pieces)
+        join = LazyArray.concatenate if lazy else np.concatenate
+        hf[fused.hf_template.format(i=layer, p=leaf)] = join(pieces, axis=-1)
     return hf
 
 
 def expected_hf_shapes(
     canonical_shapes: Mapping[str, tuple[int, ...]], hf_config: str | Mapping[str, Any]
 ):
-    """{HF key: shape} of the HF state a model with these canonical shapes has."""
-    fake = {k: np.broadcast_to(np.zeros((), np.float32), s) for k, s in canonical_shapes.items()}
+    """{HF key: shape} of the HF state a model with these canonical shapes has (shapes only:
+    nothing is allocated)."""
+    fake = {k: LazyArray(s, np.float32, _never_read) for k, s in canonical_shapes.items()}
     return {k: tuple(np.shape(v)) for k, v in canonical_to_hf(fake, hf_config).items()}
+
+
+def _never_read() -> np.ndarray:
+    raise AssertionError("a shape-only tensor was read")
+
+
+_CHUNK = 1 << 20  # elements: the scratch buffers stay small and warm (no fresh pages)
+
+
+def _nonfinite_count(array: np.ndarray) -> int:
+    """How many nan/inf values `array` (any float dtype) holds, counted in chunks."""
+    flat = array.reshape(-1)
+    bfloat16 = flat.dtype.name == "bfloat16"
+    if bfloat16:
+        flat = flat.view(np.uint16)  # nan/inf: every exponent bit set
+    bits = np.empty(min(flat.size, _CHUNK), np.uint16)
+    finite = np.empty(min(flat.size, _CHUNK), np.bool_)
+    bad = 0
+    for start in range(0, flat.size, _CHUNK):
+        part = flat[start : start + _CHUNK]
+        n = part.size
+        if bfloat16:
+            np.bitwise_and(part, np.uint16(0x7F80), out=bits[:n])
+            np.not_equal(bits[:n], np.uint16(0x7F80), out=finite[:n])
+        else:
+            np.isfinite(part, out=finite[:n])
+        bad += n - int(np.count_nonzero(finite[:n]))
+    return bad
+
+
+def _finite_checked(name: str, value, problems: list[str]) -> LazyArray:
+    """`value` as a LazyArray that, when read, appends to `problems` the line weight_problems
+    writes for its nan/inf values (bfloat16 checked on its exponent bits: no float32 copy)."""
+
+    def load() -> np.ndarray:
+        array = np.asarray(value)
+        bad = _nonfinite_count(array)
+        if bad:
+            problems.append(f"tensor {name!r} has {bad} non-finite value(s) (nan/inf)")
+        return array
+
+    return LazyArray(np.shape(value), value.dtype, load, getattr(value, "owned", False))
 
 
 def check_hf_state(state, canonical_shapes, hf_config: str | Mapping[str, Any], where: str):
@@ -308,13 +366,21 @@ def missing_head(
     )
 
 
-def check_hf_weights(state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str) -> None:
+def check_hf_weights(
+    state: Mapping[str, Any], hf_config: Mapping[str, Any], where: str, values: bool = True
+) -> None:
     """One ConversionError naming every tensor that is not floating point (int8, bool, ...:
     no quantization format is supported, so such a tensor would be cast and compute garbage)
-    or holds nan/inf; the keys transformers ignores (buffers) are not weights."""
+    or holds nan/inf; the keys transformers ignores (buffers) are not weights. `values=False`
+    reads no tensor unless a dtype is bad (the values are then checked as they are converted:
+    hf_state_to_params)."""
     ignored = family_for(hf_config["model_type"], where).ignored_keys
     weights = {k: v for k, v in state.items() if ignored is None or not ignored.search(k)}
-    problems = weight_problems(weights)
+    if values or weight_problems(weights, allow_nonfinite=True):
+        _raise_bad_tensors(weight_problems(weights), where)
+
+
+def _raise_bad_tensors(problems: list[str], where: str) -> None:
     if problems:
         note = ""
         if any("floating point" in p for p in problems):
@@ -368,12 +434,22 @@ def hf_state_to_params(
         )
         dropped = set(unused)
         state = {k: v for k, v in state.items() if k not in dropped}
-    check_hf_weights(state, hf_config, where)
+    check_hf_weights(state, hf_config, where, values=False)
+    # Each tensor is read once, when it is converted, and its values checked then (one
+    # ConversionError naming every non-finite tensor at the end; nothing is returned).
+    ignored = family_for(hf_config["model_type"], where).ignored_keys
+    nonfinite: list[str] = []
+    state = {
+        k: v if ignored is not None and ignored.search(k) else _finite_checked(k, v, nonfinite)
+        for k, v in state.items()
+    }
     state = normalize_hf_state(state, hf_config, where, marian_table=table)
     check_hf_state(state, canonical_shapes, hf_config, where)
     dtype = numpy_dtype(config.param_dtype)
     canonical = {k: v.astype(dtype) for k, v in hf_to_canonical(state, hf_config).items()}
-    return torch_state_to_params(canonical, flax_shapes, where)
+    params = torch_state_to_params(canonical, flax_shapes, where)
+    _raise_bad_tensors(sorted(set(nonfinite)), where)
+    return params
 
 
 def params_to_hf_state(
@@ -387,5 +463,27 @@ def params_to_hf_state(
     prefix, cut = family.prefix, family.prefix and not family.saved_prefix(hf_config)
     return {
         (k[len(prefix) :] if cut and k.startswith(prefix) else k): np.ascontiguousarray(v)
+        for k, v in state.items()
+    }
+
+
+def params_to_lazy_hf_state(
+    params: Mapping[str, Any], hf_config: str | Mapping[str, Any]
+) -> dict[str, LazyArray]:
+    """params_to_hf_state as LazyArrays: each tensor is made (transposed, fused, copied) only
+    when asked for, so that a writer holds one converted tensor at a time beside the params."""
+    flat = flatten_params(params)
+    for path in flat:
+        if path[-1] not in LEAF_TO_TORCH:
+            raise ConversionError(f"unknown parameter leaf {'/'.join(path)!r}")
+    canonical = {
+        flax_path_to_torch_key(path): convert_layout(path, LazyArray.of(leaf))
+        for path, leaf in flat.items()
+    }
+    state = canonical_to_hf(canonical, hf_config)
+    family, hf_config = _family_config(hf_config)
+    prefix, cut = family.prefix, family.prefix and not family.saved_prefix(hf_config)
+    return {
+        (k[len(prefix) :] if cut and k.startswith(prefix) else k): LazyArray.of(v)
         for k, v in state.items()
     }

@@ -74,11 +74,15 @@ def torch_state_to_params(
     found = {key: tuple(np.shape(value)) for key, value in state.items()}
     check_tree(found, torch_shapes, where)
     check_weights(state, where, allow_nonfinite=True)  # the dtypes; file loaders check values
-    flat = {
-        path: np.array(convert_layout(path, np.asarray(state[flax_path_to_torch_key(path)])))
-        for path in expected
-    }
+    flat = {path: _own_copy(path, state[flax_path_to_torch_key(path)]) for path in expected}
     return {"params": unflatten_params(flat)}
+
+
+def _own_copy(path: tuple[str, ...], value) -> np.ndarray:
+    """The Flax leaf of a torch tensor: a copy, unless it is read into a buffer of its own (a
+    LazyArray that says so), which is kept, made contiguous: no second copy of a big model."""
+    array = convert_layout(path, np.asarray(value))
+    return np.ascontiguousarray(array) if getattr(value, "owned", False) else np.array(array)
 
 
 def flax_to_torch_state(params: Mapping[str, Any]) -> dict[str, np.ndarray]:

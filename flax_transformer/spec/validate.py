@@ -179,13 +179,13 @@ def weight_problems(tensors: Mapping[str, Any], *, allow_nonfinite: bool = False
     """Weights must be floating point and (unless allowed) finite; one line per bad tensor."""
     problems = []
     for name, value in tensors.items():
-        array = np.asarray(value)
-        if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
-            problems.append(
-                f"tensor {name!r} has dtype {array.dtype}; weights must be floating point"
-            )
+        # The dtype without reading: a lazily read tensor is read only for the values.
+        dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
+        if not np.issubdtype(dtype, np.floating) and dtype.name != "bfloat16":
+            problems.append(f"tensor {name!r} has dtype {dtype}; weights must be floating point")
             continue
         if not allow_nonfinite:
+            array = np.asarray(value)
             finite = np.isfinite(
                 array.astype(np.float32) if array.dtype.name == "bfloat16" else array
             )

@@ -134,11 +134,27 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 _drop_closed_loop_callbacks.previous = sys.__unraisablehook__
 
 
+def _array_handler(compress: bool) -> ocp.StandardCheckpointHandler:
+    """Orbax's StandardCheckpointHandler, its arrays zstd-compressed or not. (The switch is
+    its inner PyTreeCheckpointHandler's: the handler, and so what restores it, stays the same.)"""
+    handler = ocp.StandardCheckpointHandler()
+    if not compress:
+        handler._impl = ocp.PyTreeCheckpointHandler(
+            save_concurrent_gb=96, restore_concurrent_gb=96, use_compression=False
+        )
+    return handler
+
+
 class Checkpointer:
     """The Orbax checkpoints of one run in `directory` (the last `keep` steps): asynchronous
     saves, restores that name what is damaged."""
 
-    def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
+    def __init__(
+        self, directory: str | Path, keep: int = 3, create: bool = True, compress: bool = True
+    ):
+        """`compress=False` writes the arrays without zstd: as fast as the disk, and without
+        the encoded copy tensorstore holds while it compresses (about the arrays' size again;
+        hf import of a multi-GB checkpoint). Any Checkpointer restores either."""
         _quiet_orbax_write_errors()
         self.directory = Path(directory).absolute()
         self._pending: int | None = None  # the step of a save that may still be in flight
@@ -150,7 +166,7 @@ class Checkpointer:
             self.directory,
             options=options,
             item_handlers={
-                "params": ocp.StandardCheckpointHandler(),
+                "params": _array_handler(compress),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler(),
             },
@@ -165,8 +181,13 @@ class Checkpointer:
         state: TrainState,
         loader_state: dict[str, int] | None = None,
         extra: dict[str, Any] | None = None,
+        host_copy: bool = True,
     ) -> int:
-        """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`."""
+        """Saves `state` at its step; `extra` (JSON) is kept in the meta item, see `meta`.
+        `host_copy=False` saves the arrays as they are, without the host copy a donated train
+        state needs: for a caller whose arrays nothing changes until `wait` (hf import of a
+        multi-GB checkpoint, which a copy would double)."""
+        copy = _host_copy if host_copy else (lambda tree: tree)
         step = int(state.step)
         self.wait()  # the previous save is complete (or its failure reported) first
         try:
@@ -191,8 +212,8 @@ class Checkpointer:
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
-                    params=ocp.args.StandardSave(_host_copy(state.params)),
-                    opt_state=ocp.args.StandardSave(_host_copy(state.opt_state)),
+                    params=ocp.args.StandardSave(copy(state.params)),
+                    opt_state=ocp.args.StandardSave(copy(state.opt_state)),
                     meta=ocp.args.JsonSave(meta),
                 ),
             )

@@ -23,6 +23,7 @@ from flax_transformer.files.atomic_io import check_not_input, check_output_dir, 
 from flax_transformer.hf.checkpoint import read_json
 from flax_transformer.hf.config import hf_to_config
 from flax_transformer.hf.model import HFModel, load, save
+from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE
 from flax_transformer.hf.tokenizer import HF_TOKENIZER_DIR, HFTokenizer
 from flax_transformer.spec.config import config_diff
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind
@@ -37,13 +38,15 @@ from flax_transformer.training.state import TrainState
 EXPORT_IGNORES = ("attention_impl", "remat", "dtype")
 
 
-def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
-    """Write `run_dir` (new or empty) from the save_pretrained directory `hf_dir`."""
+def import_run(hf_dir: str | Path, run_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write `run_dir` (new or empty) from the save_pretrained directory `hf_dir`, its
+    parameters (and computation) in `dtype`. The weights are read one tensor at a time and
+    checkpointed without a host copy: about the checkpoint's bytes in memory (in bfloat16)."""
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
     check_not_input(run_dir, [("Hugging Face directory", hf_dir)], what="run directory")
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise ValueError(f"{run_dir} exists and is not an empty directory; nothing was written")
-    model = load(hf_dir)
+    model = load(hf_dir, dtype=dtype)
     if model.tokenizer is None:
         raise ValueError(
             f"{hf_dir}: no tokenizer files (or transformers is not installed); a run directory "
@@ -80,7 +83,8 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
             staging, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
             imported_from=str(hf_dir),
         )  # fmt: skip
-        checkpointer = Checkpointer(staging / layout.CHECKPOINTS)
+        # Uncompressed: compressing holds a second, encoded copy of the weights while it runs.
+        checkpointer = Checkpointer(staging / layout.CHECKPOINTS, compress=False)
         try:
             state = TrainState(
                 step=jnp.array(0, jnp.int32),
@@ -88,14 +92,19 @@ def import_run(hf_dir: str | Path, run_dir: str | Path) -> Path:
                 opt_state={"none": np.zeros((), np.int32)},  # Orbax stores no empty item
                 rng=jax.random.PRNGKey(0),
             )
-            checkpointer.save(state)
+            del model  # the state holds the params; nothing else does
+            checkpointer.save(state, host_copy=False)  # nothing overwrites them mid-save
         finally:
             checkpointer.close()
     return run_dir
 
 
 def export_run(
-    run_dir: str | Path, hf_dir: str | Path, checkpoint: str | None = None, force: bool = False
+    run_dir: str | Path,
+    hf_dir: str | Path,
+    checkpoint: str | None = None,
+    force: bool = False,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
     """Write the run's checkpoint (load_run's choice, or `checkpoint`) as a save_pretrained
     directory, whole or not at all: a non-empty `hf_dir` is replaced only with `force`, and
@@ -128,5 +137,6 @@ def export_run(
         source=run_dir / HF_TOKENIZER_DIR,
     )
     with staged_directory(hf_dir, force=force, what="HF_DIR") as staging:
-        save(model, staging)  # no old file of a replaced HF_DIR stays beside the new ones
+        # No old file of a replaced HF_DIR stays beside the new ones.
+        save(model, staging, max_shard_size)
     return hf_dir
