@@ -5,6 +5,7 @@ input or usage) and one spelling of the run directory (`--workdir RUN`)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,31 @@ def test_ftx_subcommand_help_prints_usage_and_does_nothing_else(
     assert out.startswith(f"usage: ftx {name} ") and err == ""  # the command as users type it
     assert "python -m" not in out and "python train.py" not in out
     assert list(tmp_path.iterdir()) == []  # no file, no run directory made
+
+
+# The commands whose result is one record: readable lines by default, --json for machines
+# (cli/output.py). train, generate, classify and launch stream their output and do not yet.
+JSON_COMMANDS = [["convert"], ["hf", "import"], ["hf", "export"], ["export"], ["score"],
+                 ["parity"], ["info"], ["kernels", "build"], ["demo"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", JSON_COMMANDS, ids=" ".join)
+def test_commands_with_one_result_take_json(argv, capsys):
+    code, out, _ = run_ftx([*argv, "--help"], capsys)
+    assert code == 0 and "--json [OUT]" in out
+
+
+def test_json_is_the_result_and_the_lines_are_for_a_person(tmp_path, capsys):
+    from flax_transformer.cli.output import emit
+
+    result = {"command": "export", "output": "x"}
+    emit(result, ["exported x"], None)
+    assert capsys.readouterr().out == "exported x\n"
+    emit(result, ["exported x"], "-")
+    assert json.loads(capsys.readouterr().out) == result
+    emit(result, ["exported x"], str(tmp_path / "r.json"))
+    assert capsys.readouterr().out == "exported x\n"
+    assert json.loads((tmp_path / "r.json").read_text()) == result
 
 
 def test_ftx_dispatches_to_the_commands_main(monkeypatch):

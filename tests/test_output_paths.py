@@ -237,8 +237,11 @@ def test_hf_export_into_a_non_empty_directory_needs_force(imported, tmp_path, ca
     assert hf_main(argv) == 2
     assert f"--out {out} exists and is not empty (--force replaces it)" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["old_weights.bin"]
-    assert hf_main([*argv, "--force"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"command": "export", "output": str(out)}
+    assert hf_main([*argv, "--force", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["command"], result["output"], result["model"]["family"]) == (
+        "export", str(out), "marian"
+    )  # fmt: skip
     names = sorted(p.name for p in out.iterdir())
     assert "old_weights.bin" not in names  # replaced whole, not mixed with the old files
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(names)

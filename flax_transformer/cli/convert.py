@@ -5,9 +5,9 @@ conversion itself is interop/convert.py."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from flax_transformer.cli.output import add_json_flag, check_json_path, emit
 from flax_transformer.files.atomic_io import OutputPathError, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.space import is_out_of_space
@@ -29,8 +29,8 @@ from flax_transformer.spec.tree_check import ConversionError
 @one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.convert` / `ftx convert`: convert torch weights
-    to Flax or back (the direction follows the input), print a JSON summary. Exit status 2 for
-    bad flags or unreadable / inconsistent weights, else 0."""
+    to Flax or back (the direction follows the input), say what was converted (--json: as
+    JSON). Exit status 2 for bad flags or unreadable / inconsistent weights, else 0."""
     parser = argparse.ArgumentParser(
         prog="ftx convert",
         description="Convert a torch_reference weight file (.safetensors or .pt) to a Flax "
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", choices=MODEL_KINDS, type=current_name, help="default: from the file / its keys"
     )
+    add_json_flag(parser)
     parser.add_argument(
         "--allow-nonfinite",
         action="store_true",
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         check_output_path(args.output, inputs=(args.input, ("--config file", args.config)))
     except OutputPathError as err:
         parser.error(str(err))
+    inputs = [("input", args.input), ("--config file", args.config), ("output", args.output)]
+    check_json_path(parser, args.json, inputs)
     try:
         config = TransformerConfig.load(args.config) if args.config else None
         fmt, tensors, config, model = load_weights(
@@ -77,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     count = len(flatten_params(params))
-    print(
-        json.dumps(
-            {"converted": direction, "model": model, "tensors": count, "output": str(args.output)}
-        )
-    )
+    result = {"converted": direction, "model": model, "tensors": count, "output": str(args.output)}
+    emit(result, [f"converted {direction}: {count} tensors of a {model} model -> {args.output}"],
+         args.json)  # fmt: skip
     return 0

@@ -9,7 +9,11 @@ import argparse
 
 import numpy as np
 
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.cli.process import exit_process
+
+# The parity the project promises (DESIGN.md): float64 ~1e-12, float32 ~1e-5, relative.
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -20,6 +24,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "print the float64 and float32 logits error measured between the two. Writes no files.",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default: 0)")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
@@ -28,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the torch twin of the `small` preset, convert its weights to Flax and print the logits
-    error between the two in float64 and float32; return 0."""
+    error between the two in float64 and float32 against the project's tolerances (--json: as
+    JSON); exit status 0, 1 when one is over."""
     args = parse_args(argv)
     import jax
 
@@ -42,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
+    lines = [
+        "The PyTorch twin (torch_reference) of the `small` preset, its weights converted to "
+        "Flax by the project's converter; the same inputs (ragged padding) through both:"
+    ]
+    result = {}
     for dtype in ("float64", "float32"):
         # train.py's default size; vocabularies that differ, so a wrong transpose cannot pass.
         config = preset(
@@ -58,11 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             torch_logits = torch_model(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
         max_abs, rel = error_stats(flax_logits, torch_logits)
-        print(
-            f"{dtype}: logits {flax_logits.shape}, max abs error {max_abs:.3e}, "
-            f"relative error {rel:.3e}"
+        verdict = "within" if rel <= TOLERANCE[dtype] else "OVER"
+        lines.append(
+            f"{dtype}: logits {flax_logits.shape}, max abs error {max_abs:.3e}, relative error "
+            f"{rel:.3e} ({verdict} the project's tolerance {TOLERANCE[dtype]:g})"
         )
-    return 0
+        result[dtype] = {"max_abs_error": max_abs, "relative_error": rel,
+                         "tolerance": TOLERANCE[dtype]}  # fmt: skip
+    same = all(r["relative_error"] <= r["tolerance"] for r in result.values())
+    lines.append(
+        "the two frameworks compute the same function" if same else "a parity check FAILED"
+    )
+    emit(result, lines, args.json)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from flax_transformer.cli.flags import one_run_dir
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.export.output import ExportError, check_float32, check_output_dir
 from flax_transformer.files.interruptions import one_line_failures
 
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--format", required=True, choices=FORMATS, help="what to write")
     parser.add_argument("--out", "--output", type=Path, required=True, help="the output directory")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    add_json_flag(parser)
     parser.add_argument(
         "--int8", action="store_true", help="stablehlo: int8 weights (per-channel scales)"
     )
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    files = ", ".join(entry["file"] for entry in manifest["files"].values())
-    print(f"{args.format}: {args.out} ({files}, manifest.json, tokenizer.json)")
+    files = [entry["file"] for entry in manifest["files"].values()]
+    result = {"format": args.format, "output": str(args.out),
+              "files": [*files, "manifest.json", "tokenizer.json"]}  # fmt: skip
+    emit(result, [f"{args.format}: {args.out} ({', '.join(result['files'])})"], args.json)
     return 0

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.interruptions import one_line_failures
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     imp = commands.add_parser("import", help="save_pretrained directory -> run directory")
+    add_json_flag(imp)
     imp.add_argument(
         "hf_dir",
         help="a local directory written by save_pretrained (with its tokenizer), e.g. "
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint's bits and half the memory)",
     )
     exp = commands.add_parser("export", help="run directory -> save_pretrained directory")
+    add_json_flag(exp)
     exp.add_argument(
         "paths", nargs="*", metavar="RUN_DIR HF_DIR", help="old spelling of --workdir and --out"
     )
@@ -139,7 +142,8 @@ def output_problem(args: argparse.Namespace) -> str | None:
 @one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.hf` / `ftx hf`: import a save_pretrained
-    directory as a run, or export a run as one; print {"command", "output"} as JSON. Exit status
+    directory as a run, or export a run as one; say what was imported or exported (--json: as
+    JSON, with {"command", "output"}). Exit status
     2 for a missing directory or a checkpoint that cannot be converted, else 0."""
     args = parse_args(argv)
     if problem := output_problem(args):
@@ -165,8 +169,41 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a failed write, not bad input: one_line_failures says it (exit 1)
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps({"command": args.command, "output": str(out)}))
+    result, line = summary(args.command, args.hf_dir, args.run_dir, out)
+    emit(result, [line], args.json)
     return 0
+
+
+def summary(command: str, hf_dir, run_dir, out) -> tuple[dict, str]:
+    """(the result for --json, the line for a person): what was imported or exported, and
+    where. {"command", "output"} as before, and the model: its family, kind and sizes."""
+    from flax_transformer.training import run_dir as layout
+
+    run = Path(run_dir if command == "export" else out)
+    config = layout.read_config(run)
+    hf_config = json.loads((run / layout.HF_CONFIG).read_text()) if command == "import" else None
+    if hf_config is None:
+        hf_config = json.loads((Path(out) / "config.json").read_text())
+    kind = (layout.read_run_json(run) or {}).get("model", "?")
+    layers = (
+        config.num_encoder_layers if kind == "encoder" else config.num_decoder_layers
+        if kind == "lm" else f"{config.num_encoder_layers}+{config.num_decoder_layers}"
+    )  # fmt: skip
+    model = {
+        "family": hf_config.get("model_type"), "kind": kind, "layers": layers,
+        "d_model": config.d_model, "heads": config.num_heads,
+        "vocab": config.tgt_vocab_size, "dtype": config.param_dtype,
+    }  # fmt: skip
+    what = (
+        f"a {model['family']} model ({kind}: {layers} layers, d_model {config.d_model}, "
+        f"{config.num_heads} heads, vocab {config.tgt_vocab_size}, {config.param_dtype})"
+    )
+    if command == "import":
+        line = f"imported {what} from {hf_dir} into the run {out}"
+    else:
+        files = sorted(p.name for p in Path(out).iterdir())
+        line = f"exported {what} from the run {run} to {out} ({', '.join(files)})"
+    return {"command": command, "output": str(out), "model": model}, line
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ switch value (as every command).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.interruptions import one_line_failures
 
@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Print the version, the JAX backend and devices, the CPU's vector "
         "extensions and whether each native kernel runs (and why not).",
     )
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    add_json_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -81,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ftx info`: print what this installation runs on; exit status 0."""
     args = parse_args(argv)
     info = collect()
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        print("\n".join(lines(info)))
+    emit(info, lines(info), args.json)
     return 0
 
 

@@ -18,9 +18,9 @@ one line each; the XLA path keeps working), 2 for usage errors.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.interruptions import one_line_failures
 
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--all", action="store_true", help="every kernel, also those this CPU cannot run"
     )
     build.add_argument("--force", action="store_true", help="rebuild intact entries too")
-    build.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    add_json_flag(build)
     return parser.parse_args(argv)
 
 
@@ -59,16 +59,13 @@ def main(argv: list[str] | None = None) -> int:
 
     results = build_all(every=args.all, force=args.force)
     failed = [r for r in results if r.state == "failed"]
-    if args.json:
-        rows = [
-            {"library": r.name, "state": r.state, "path": r.path and str(r.path), "why": r.why}
-            for r in results
-        ]
-        print(json.dumps({"cache": str(kernel_dir()), "libraries": rows}, indent=2))
-    else:
-        for result in results:
-            if result.state != "failed":
-                print(describe(result))
+    rows = [
+        {"library": r.name, "state": r.state, "path": r.path and str(r.path), "why": r.why}
+        for r in results
+    ]
+    emit({"cache": str(kernel_dir()), "libraries": rows},
+         [describe(r) for r in results if r.state != "failed"], args.json)  # fmt: skip
+    if args.json != "-":
         reasons: dict[str, list[str]] = {}  # one line per reason (no compiler: one line)
         for result in failed:
             reasons.setdefault(result.why, []).append(result.name)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.output import add_json_flag
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
@@ -160,11 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="relative tolerance (max abs error / max |torch value|); default "
         + ", ".join(f"{k} {DEFAULT_TOLERANCES[k]:.0e}" for k in RUN_DTYPES),
     )
-    parser.add_argument(
-        "--json",
-        metavar="OUT",
-        help="also write the report as JSON ('-': print JSON instead of the table)",
-    )
+    add_json_flag(parser)
     parser.add_argument(
         "--input",
         action="append",

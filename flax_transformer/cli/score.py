@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.output import add_json_flag
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("13a", "char", "zh", "intl", "none"),
         help="sacrebleu tokenizer (default: the run's)",
     )
-    parser.add_argument("--json", metavar="OUT", help="write the scores as JSON (- for stdout)")
+    add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.alpha is not None and args.beam is None:
         parser.error("--alpha needs --beam: greedy decoding has no length penalty")

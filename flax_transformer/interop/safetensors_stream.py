@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from flax_transformer.files.atomic_io import atomic_path
 from flax_transformer.spec.tree_check import ConversionError
 
 _DTYPES = {
@@ -249,7 +250,7 @@ def write_safetensors(
         offset += nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as handle:
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:  # whole or not at all
         handle.write(struct.pack("<Q", len(text)) + text)
         for name in order:
             array = np.ascontiguousarray(np.asarray(tensors[name]))
