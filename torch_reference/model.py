@@ -12,7 +12,6 @@ import math
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.relative import relative_bucket_table
@@ -173,9 +172,7 @@ class EncoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
     """Self-attention then feed-forward, each with dropout and a residual; post-LN (the paper) or
     pre-LN (config.norm_first); its own relative_bias with config.relative_attention_per_layer."""
 
-    def __init__(
-        self, config: TransformerConfig, bidirectional: bool = True, sliding_window=None
-    ):
+    def __init__(self, config: TransformerConfig, bidirectional: bool = True, sliding_window=None):
         super().__init__()
         self._init_relative(config, bidirectional, per_layer=True)
         self.norm_first = config.norm_first

@@ -94,11 +94,11 @@ def scaled_dot_product_attention(
     bias, added before the mask).
 
     query (batch, q_len, heads, head_dim), key/value (batch, k_len, kv_heads, head_dim), or
-    (batch, kv_heads, k_len, head_dim) with heads_first (kv_heads dividing heads: each key /
-    value head serves heads / kv_heads consecutive query heads) (the KV cache's layout, which XLA reads
-    without a transpose), mask broadcastable to (batch, heads, q_len, k_len): boolean,
-    True = attend; or float, added to the scores, with -inf entries treated as blocked (so a
-    fully blocked row gives zeros too).
+    (batch, kv_heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
+    without a transpose); kv_heads divides heads, each key / value head serving heads /
+    kv_heads consecutive query heads (grouped-query attention); mask broadcastable to (batch,
+    heads, q_len, k_len): boolean, True = attend; or float, added to the scores, with -inf
+    entries treated as blocked (so a fully blocked row gives zeros too).
     Returns output (batch, q_len, heads, head_dim) and weights (batch, heads, q_len, k_len).
     The softmax runs in at least float32 even when the inputs are bfloat16.
     """
@@ -224,9 +224,7 @@ class MultiHeadAttention(nn.Module):
         # key / value: config.kv_heads heads (grouped-query attention).
         qkv_bias = cfg.use_bias if cfg.qkv_bias is None else cfg.qkv_bias
         dense = lambda name: Dense(  # noqa: E731
-            {"out": cfg.d_model, "query": cfg.attention_dim}.get(
-                name, cfg.kv_heads * cfg.head_dim
-            ),
+            {"out": cfg.d_model, "query": cfg.attention_dim}.get(name, cfg.kv_heads * cfg.head_dim),
             use_bias=cfg.use_bias if name == "out" else qkv_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
@@ -235,9 +233,13 @@ class MultiHeadAttention(nn.Module):
         )
         batch, q_len, _ = inputs_q.shape
         split = lambda x: x.reshape(x.shape[:2] + (-1, cfg.head_dim))  # noqa: E731
-        norm = lambda name, x: x if not cfg.qk_norm else RMSNorm(  # noqa: E731
-            cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, axis="head_dim", name=name
-        )(x)  # config.qk_norm: over each head (Qwen3's q_norm / k_norm)
+        norm = lambda name, x: (
+            x
+            if not cfg.qk_norm
+            else RMSNorm(  # noqa: E731
+                cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, axis="head_dim", name=name
+            )(x)
+        )  # config.qk_norm: over each head (Qwen3's q_norm / k_norm)
 
         query = norm("query_norm", split(dense("query")(inputs_q)))  # (b, q_len, heads, hd)
         heads_first = decode  # the cache's layout: (batch, heads, len, head_dim)

@@ -42,9 +42,9 @@ def attention_factor(config) -> float:
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    factor = config.rope_factor
-    if config.rope_mscale and config.rope_mscale_all_dim:
-        return float(mscale(factor, config.rope_mscale) / mscale(factor, config.rope_mscale_all_dim))
+    factor, top, bottom = config.rope_factor, config.rope_mscale, config.rope_mscale_all_dim
+    if top and bottom:
+        return float(mscale(factor, top) / mscale(factor, bottom))
     return mscale(factor)
 
 
