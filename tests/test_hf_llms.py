@@ -1,0 +1,216 @@
+"""The Llama-lineage family battery: the same checks for every cell of tests/hf_llms.py (Llama
+with GQA; Llama with MQA, llama3 rope scaling and a tied head; Mistral with a sliding window
+shorter than the batch; Qwen2 with its q/k/v biases, yarn scaling, windowed upper layers and a
+tied head; Qwen3 with its q/k norms and an explicit head_dim), each model built and briefly
+trained by transformers once per session, on a left-padded ragged batch:
+- float64 logits within 1e-12 of transformers' with its RMS norms and rotary tables patched to
+  float64 (it computes them in float32 even in a float64 model: tests/hf_llms.py), float32
+  within 1e-5 of transformers' as it is;
+- hf.save bit-exact per tensor, read back by from_pretrained strictly;
+- the window and the rope scaling matter (ignoring either moves the logits off transformers');
+- generation token-identical to transformers' generate (greedy; beam 4 with length penalty
+  1.0 and 0.6), several EOS ids.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from flax_transformer import hf
+from flax_transformer.spec.numerics import assert_close
+from tests import hf_llms
+from tests.hf_llms import CELLS, EOS
+
+NEW = 8
+
+
+class Models(dict):
+    """{cell: (transformers model, saved directory)}, built and trained on first use."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name):
+        torch_model = hf_llms.build(name)
+        path = self.tmp_path_factory.mktemp(name)
+        torch_model.save_pretrained(path)
+        self[name] = (torch_model, path)
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def llms(tmp_path_factory):
+    return Models(tmp_path_factory)
+
+
+def logits_pair(torch_model, path, dtype: str, patched: bool):
+    """(ours, transformers') logits at the real positions of the left-padded batch."""
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0))
+    model = hf.load(path, dtype=dtype)
+    reference = torch_model.double() if dtype == "float64" else torch_model.float()
+    ours = model.forward(ids, mask, position_ids=positions)
+    args = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+    with torch.no_grad():
+        if patched:
+            with hf_llms.float64_norms_and_rotary(model.config):
+                theirs = reference(**{k: torch.from_numpy(v) for k, v in args.items()})
+        else:
+            theirs = reference(**{k: torch.from_numpy(v) for k, v in args.items()})
+    torch_model.float()
+    real = mask.astype(bool)
+    return ours[real], theirs.logits.numpy()[real], model
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_float64_logits_within_1e_12(llms, name):
+    torch_model, path = llms[name]
+    with jax.enable_x64(True):
+        ours, theirs, _ = logits_pair(torch_model, path, "float64", patched=True)
+    assert_close(ours, theirs, rtol=1e-12, what=f"{name} float64 logits (patched norms/rotary)")
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_float32_logits_within_1e_5(llms, name):
+    torch_model, path = llms[name]
+    ours, theirs, model = logits_pair(torch_model, path, "float32", patched=False)
+    assert_close(ours, theirs, rtol=1e-5, what=f"{name} float32 logits")
+    assert model.kind == "lm"
+
+
+@pytest.mark.parametrize(
+    "name, ignored",
+    [
+        ("mistral_window", dict(sliding_window=None)),
+        ("qwen2_biases_yarn_window_tied", dict(sliding_window=None)),
+        ("qwen2_biases_yarn_window_tied", dict(rope_scaling="default")),
+        ("llama_mqa_llama3_tied", dict(rope_scaling="default")),
+    ],
+)
+def test_ignoring_the_window_or_the_rope_scaling_is_caught(llms, name, ignored):
+    """The same weights with the window or the scaling dropped are far from transformers':
+    the battery's tolerance could not pass a model that ignored them."""
+    torch_model, path = llms[name]
+    ours, theirs, model = logits_pair(torch_model, path, "float32", patched=False)
+    assert_close(ours, theirs, rtol=1e-5, what=name)
+    model.module = type(model.module)(model.config.replace(**ignored))
+    model.__dict__.pop("_apply", None)
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0))
+    wrong = model.forward(ids, mask, position_ids=positions)[mask.astype(bool)]
+    assert np.max(np.abs(wrong - theirs)) > 1e-2, (name, ignored)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_save_is_bit_exact_and_transformers_reads_it_strictly(llms, name, tmp_path):
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    _, path = llms[name]
+    hf.save(hf.load(path), tmp_path)
+    before = load_file(str(path / "model.safetensors"))
+    after = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(after) == sorted(before)
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype, key
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+    assert (
+        type(reloaded).__name__
+        == json.loads((path / "config.json").read_text())["architectures"][0]
+    )
+
+
+def test_transformers_4_config_layout_reads_as_the_5_layout(llms, tmp_path):
+    """rope_theta + rope_scaling ({"type": ...}) + torch_dtype, as transformers 4 wrote them,
+    give the same model as rope_parameters + dtype."""
+    from flax_transformer.hf.config import hf_to_config
+
+    _, path = llms["llama_mqa_llama3_tied"]
+    new = json.loads((path / "config.json").read_text())
+    old = {k: v for k, v in new.items() if k not in ("rope_parameters", "dtype")}
+    params = dict(new["rope_parameters"])
+    old.update(rope_theta=params.pop("rope_theta"), torch_dtype="float32")
+    params["type"] = params.pop("rope_type")
+    old["rope_scaling"] = params
+    assert hf_to_config(old)[0] == hf_to_config(new)[0]
+    assert hf_to_config(new)[0].rope_scaling == "llama3"
+
+
+def hf_generate(torch_model, ids, mask, **kwargs) -> np.ndarray:
+    with torch.no_grad():
+        out = torch_model.generate(
+            torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), **kwargs
+        )
+    return out.numpy()
+
+
+def prompts():
+    ids, mask, _ = hf_llms.left_padded(np.random.default_rng(3), lengths=(6, 2, 5, 3))
+    return ids, mask
+
+
+def generation_cells(*fast: str):
+    """Every cell, those not in `fast` under the slow mark (a search compiles for ~10 s)."""
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in CELLS]
+
+
+# One fast cell per family.
+FAST = ("llama_gqa", "mistral_window", "qwen2_biases_yarn_window_tied", "qwen3_norms")
+
+
+@pytest.mark.parametrize("name", generation_cells(*FAST))
+def test_greedy_token_identical_with_several_eos(llms, name):
+    """Greedy search in float64 (near-ties of a random model could flip in float32), with two
+    EOS ids the model reaches at different steps; the window (4) is shorter than prompt +
+    new tokens, so the cache's window is exercised."""
+    torch_model, path = llms[name]
+    ids, mask = prompts()
+    free = hf_generate(torch_model.double(), ids, mask, max_new_tokens=NEW, min_new_tokens=NEW)
+    new = free[:, ids.shape[1] :]
+    eos = [int(new[0, 2]), int(new[2, 4])]  # rows 0 and 2 end at different steps
+    kwargs = dict(max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0)
+    with jax.enable_x64(True):
+        ours = hf.load(path, dtype="float64").generate(ids, mask, **kwargs)
+    theirs = hf_generate(torch_model, ids, mask, **kwargs)
+    torch_model.float()
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.shape[1] < ids.shape[1] + NEW or (ours[:, ids.shape[1] :] == eos[0]).any()
+
+
+@pytest.mark.parametrize("name", generation_cells())
+def test_beam_search_token_identical(llms, name):
+    torch_model, path = llms[name]
+    ids, mask = prompts()
+    with jax.enable_x64(True):
+        model = hf.load(path, dtype="float64")
+        for length_penalty in (1.0, 0.6):
+            kwargs = dict(
+                num_beams=4, max_new_tokens=NEW, length_penalty=length_penalty,
+                early_stopping=True, eos_token_id=EOS, pad_token_id=0, num_return_sequences=2,
+            )  # fmt: skip
+            ours = model.generate(ids, mask, **kwargs)
+            theirs = hf_generate(torch_model.double(), ids, mask, **kwargs)
+            np.testing.assert_array_equal(ours, theirs)
+    torch_model.float()
+
+
+@pytest.mark.slow
+def test_sampling_follows_the_rules(llms):
+    """Sampling (JAX's random numbers, so not torch's draws): top_k=1 is greedy, a seed fixes
+    the draws, another seed gives others."""
+    _, path = llms["llama_gqa"]
+    ids, mask = prompts()
+    model = hf.load(path)
+    greedy = model.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
+    top1 = model.generate(ids, mask, max_new_tokens=NEW, do_sample=True, top_k=1, pad_token_id=0)
+    hot = dict(max_new_tokens=NEW, do_sample=True, temperature=3.0, top_p=0.95, pad_token_id=0)
+    draws = [model.generate(ids, mask, seed=s, **hot) for s in (0, 0, 1)]
+    np.testing.assert_array_equal(top1, greedy)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], draws[2])
