@@ -234,14 +234,18 @@ def test_rope_scaling_needs_its_parameters():
         config(attention_head_dim=5)
 
 
-@pytest.mark.parametrize(
-    "name", ["gqa", "sliding_window_from_layer", "rope_yarn", "qk_norm_head_dim"]
-)
+DECODING_CELLS = {
+    "gqa_window_from_layer": dict(num_kv_heads=2, sliding_window=3, sliding_window_from_layer=1),
+    "mqa_yarn_qk_norm": dict(YARN, num_kv_heads=1, qk_norm=True, attention_head_dim=10),
+}
+
+
+@pytest.mark.parametrize("name", list(DECODING_CELLS))
 def test_cached_decoding_is_the_full_forward(name):
     """Token by token through the KV cache (a right-aligned layout: each row's tokens at its
     true positions, as the engine feeds them) equals the full forward at every position; the
     cache holds num_kv_heads heads."""
-    cfg = config(**CELLS[name], max_len=16)
+    cfg = config(**DECODING_CELLS[name], max_len=16)
     _, model, params = twins(cfg)
     rng = np.random.default_rng(1)
     tokens = rng.integers(1, VOCAB, (2, 12))
