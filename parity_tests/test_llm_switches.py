@@ -119,7 +119,12 @@ def test_switch_in_both_twins(name):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in CELLS if n not in ("rotary_default", "tied_head", "mqa", "qkv_bias")]
+    "name",
+    [
+        n
+        for n in CELLS
+        if n not in ("rotary_default", "tied_head", "mqa", "qkv_bias", "fused_gqa_window")
+    ],
 )
 def test_each_switch_changes_the_function(name):
     """The same weights without the switch give other logits (a switch that were ignored
@@ -141,6 +146,18 @@ def test_each_switch_changes_the_function(name):
     other = TransformerLM(cfg.replace(**off))
     changed = np.asarray(other.apply(params, tokens, mask=mask, positions=positions))[real]
     assert np.max(np.abs(changed - flax)) > 1e-3, name
+
+
+def test_fused_attention_takes_grouped_heads_and_the_window():
+    """attention_impl "fused" (jax.nn.dot_product_attention, torch's scaled_dot_product_attention
+    with enable_gqa; what "auto" takes on a GPU) with grouped heads and a window. JAX's fused
+    kernel rounds through float32 on the CPU even in float64 (5e-8 relative with or without
+    these switches, measured), hence float32's tolerance here."""
+    rng = np.random.default_rng(0)
+    flax, ref, _ = both_logits(
+        config(attention_impl="fused", num_kv_heads=2, sliding_window=3), rng
+    )
+    assert_close(flax, ref, rtol=1e-6, what="fused GQA + window: Flax vs torch logits")
 
 
 def test_sliding_window_from_layer_changes_which_layers_slide():
