@@ -63,9 +63,10 @@ TRAIN_STEPS = 8
 
 
 def build(name: str, seed: int = 0):
-    """The transformers model of cell `name`, trained TRAIN_STEPS Adam steps on random
-    next-token data (so no weight sits at its init: norms away from 1, biases away from 0),
-    returned in eval mode, float32."""
+    """The transformers model of cell `name`, trained TRAIN_STEPS Adam steps to count (each
+    token the previous + 1: its continuations vary, so EOS ids end rows at different steps;
+    no weight sits at its init: norms away from 1, biases away from 0), returned in eval mode,
+    float32."""
     import transformers
 
     prefix, changes = CELLS[name]
@@ -78,8 +79,9 @@ def build(name: str, seed: int = 0):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: threads only contend
     try:
-        for _ in range(TRAIN_STEPS):
-            ids = torch.from_numpy(rng.integers(3, VOCAB, (8, 12)))
+        for _ in range(TRAIN_STEPS):  # counting: each token the previous one + 1
+            start = rng.integers(0, VOCAB - 3, (8, 1))
+            ids = torch.from_numpy((start + np.arange(12)) % (VOCAB - 3) + 3)
             loss = model(input_ids=ids, labels=ids).loss
             optimizer.zero_grad()
             loss.backward()
