@@ -173,7 +173,7 @@ def two_eos(new: np.ndarray) -> list[int]:
 
 
 @pytest.mark.parametrize("name", generation_cells(*FAST))
-def test_greedy_token_identical_with_several_eos(llms, name):
+def test_greedy_token_identical_with_several_eos(llms, name, tmp_path):
     """Greedy search in float64 (near-ties of a random model could flip in float32), with two
     EOS ids ending the rows at different steps; the window (4) is shorter than prompt + new
     tokens, so the cache's window is exercised."""
@@ -185,6 +185,15 @@ def test_greedy_token_identical_with_several_eos(llms, name):
     with jax.enable_x64(True):
         ours = hf.load(path, dtype="float64").generate(ids, mask, **kwargs)
     theirs = hf_generate(torch_model, ids, mask, **kwargs)
+    np.testing.assert_array_equal(ours, theirs)
+    # The same EOS list in generation_config.json (Llama 3's layout), no argument naming it.
+    torch_model.generation_config.eos_token_id = eos
+    torch_model.save_pretrained(tmp_path)
+    torch_model.generation_config.eos_token_id = EOS
+    with jax.enable_x64(True):
+        from_file = hf.load(tmp_path, dtype="float64")
+        assert from_file.generation_config["eos_token_id"] == eos
+        ours = from_file.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
     torch_model.float()
     np.testing.assert_array_equal(ours, theirs)
 
