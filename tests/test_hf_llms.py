@@ -248,3 +248,65 @@ def test_int8_and_bfloat16_close_to_float32(llms, name):
         assert np.max(np.abs(logits - reference)) < 0.05 * np.max(np.abs(reference))
         out = model.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
         assert out.shape == tokens.shape and (out == tokens).mean() > 0.8
+
+
+def _config(model_type: str, **changes) -> dict:
+    base = dict(
+        model_type=model_type, vocab_size=61, hidden_size=24, intermediate_size=40,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    return {**base, **changes}
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (_config("llama", rope_parameters=dict(rope_type="longrope")), "rope_type 'longrope'"),
+        (_config("llama", attention_bias=True), "attention_bias=True"),
+        (_config("qwen3", attention_bias=True), "attention_bias=True"),
+        (_config("llama", rope_scaling=dict(type="llama3", factor=8.0)), "needs low_freq_factor"),
+        (_config("llama", partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+        (_config("llama", num_key_value_heads=3), "not a multiple of num_key_value_heads=3"),
+        (
+            _config(
+                "qwen2",
+                use_sliding_window=True,
+                sliding_window=4,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            ),
+            "sliding layers after full ones only",
+        ),
+        (_config("mistral", layer_types=["full_attention"] * 3), "layer_types"),
+    ],
+)
+def test_configs_these_families_cannot_express_are_named(config, message):
+    from flax_transformer.hf.config import UnsupportedConfigError, hf_to_config
+
+    with pytest.raises(UnsupportedConfigError, match=message):
+        hf_to_config(config)
+
+
+def test_config_switches_of_each_family():
+    from flax_transformer.hf.config import hf_to_config
+
+    def read(model_type, **changes):
+        return hf_to_config(_config(model_type, **changes))[0]
+
+    qwen2 = read("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    assert (qwen2.sliding_window, qwen2.sliding_window_from_layer, qwen2.qkv_bias) == (4, 2, True)
+    assert read("qwen2", sliding_window=4).sliding_window is None  # use_sliding_window false
+    qwen3 = read("qwen3")
+    assert qwen3.qk_norm and qwen3.head_dim == 128  # Qwen3Config's default head_dim
+    assert read("mistral").sliding_window == 4096  # MistralConfig's default
+    assert read("mistral", sliding_window=None).sliding_window is None
+    dynamic = read("llama", rope_parameters=dict(rope_type="dynamic", factor=2.0))
+    assert (dynamic.rope_original_max_len, dynamic.max_len) == (64, 128)
+    yarn = read(
+        "qwen2", rope_parameters=dict(rope_type="yarn", original_max_position_embeddings=16)
+    )
+    assert (yarn.rope_factor, yarn.rope_original_max_len) == (4.0, 16)  # 64 / 16
+    big = read("llama", max_position_embeddings=131072)
+    assert big.max_len == 65536  # Llama 3.1's length, capped at MAX_LEN_LIMIT
+    llama = read("llama", eos_token_id=[5, 7], tie_word_embeddings=True)
+    assert (llama.eos_id, llama.pad_id, llama.tie_output, llama.kv_heads) == (5, 5, True, 2)
