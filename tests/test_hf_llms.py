@@ -310,3 +310,29 @@ def test_config_switches_of_each_family():
     assert big.max_len == 65536  # Llama 3.1's length, capped at MAX_LEN_LIMIT
     llama = read("llama", eos_token_id=[5, 7], tie_word_embeddings=True)
     assert (llama.eos_id, llama.pad_id, llama.tie_output, llama.kv_heads) == (5, 5, True, 2)
+
+
+@pytest.mark.parametrize(
+    "rope", [dict(rope_type="linear", factor=2.5), dict(rope_type="dynamic", factor=2.0)]
+)
+def test_linear_and_dynamic_rope_against_transformers(rope, tmp_path):
+    """The two rules the battery's cells leave out, float32; dynamic on a batch longer than
+    max_position_embeddings (8: its frequencies grow with the longest position; the model's
+    max_len is 8 x factor)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        **{**hf_llms.SIZES, "max_position_embeddings": 8 if rope["rope_type"] == "dynamic" else 16},
+        num_key_value_heads=2,
+        rope_parameters=dict(rope, rope_theta=100.0),
+    )
+    torch.manual_seed(0)
+    torch_model = LlamaForCausalLM(config).eval()
+    torch_model.save_pretrained(tmp_path)
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0))  # up to 11 tokens
+    ours = hf.load(tmp_path).forward(ids, mask, position_ids=positions)
+    with torch.no_grad():
+        args = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+        theirs = torch_model(**{k: torch.from_numpy(v) for k, v in args.items()}).logits.numpy()
+    real = mask.astype(bool)
+    assert_close(ours[real], theirs[real], rtol=1e-5, what=f"{rope['rope_type']} rope logits")
