@@ -111,39 +111,31 @@ def both_logits(cfg, rng):
     return flax[real], ref[real], (model, params, tokens, mask, positions, real)
 
 
-@pytest.mark.parametrize("name", list(CELLS))
-def test_switch_in_both_twins(name):
-    rng = np.random.default_rng(0)
-    flax, ref, _ = both_logits(config(**CELLS[name]), rng)
-    assert_close(flax, ref, **F64, what=f"{name}: Flax vs torch logits")
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        n
-        for n in CELLS
-        if n not in ("rotary_default", "tied_head", "mqa", "qkv_bias", "fused_gqa_window")
-    ],
+# The cells whose switch has an "off" to compare with (GQA and MQA are fewer heads, a tied
+# head another layout: their twin test is the check).
+SWITCHED_OFF = dict(
+    rope_scaling="default",
+    rope_theta=10000.0,
+    sliding_window=None,
+    sliding_window_from_layer=0,
+    qk_norm=False,
 )
-def test_each_switch_changes_the_function(name):
-    """The same weights without the switch give other logits (a switch that were ignored
-    would pass the twin test with both sides ignoring it)."""
+NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_switch_in_both_twins_and_it_changes_the_function(name):
+    """Flax and torch agree at 1e-12; the same weights with the switch off give other logits
+    (a switch both twins ignored would pass the parity check)."""
     rng = np.random.default_rng(0)
     cfg = config(**CELLS[name])
-    flax, _, (model, params, tokens, mask, positions, real) = both_logits(cfg, rng)
-    off = dict(
-        rope_scaling="default",
-        rope_theta=10000.0,
-        sliding_window=None,
-        sliding_window_from_layer=0,
-        qk_norm=False,
-    )
-    if name == "gqa":  # GQA itself: fewer key / value heads, not a switch to turn off
-        attn = params["params"]["decoder"]["layers_0"]["self_attn"]
-        assert attn["key"]["kernel"].shape[1] == cfg.kv_heads * cfg.head_dim
+    flax, ref, (model, params, tokens, mask, positions, real) = both_logits(cfg, rng)
+    assert_close(flax, ref, **F64, what=f"{name}: Flax vs torch logits")
+    attn = params["params"]["decoder"]["layers_0"]["self_attn"]
+    assert attn["key"]["kernel"].shape[1] == cfg.kv_heads * cfg.head_dim
+    if name in NO_OFF:
         return
-    other = TransformerLM(cfg.replace(**off))
+    other = TransformerLM(cfg.replace(**SWITCHED_OFF))
     changed = np.asarray(other.apply(params, tokens, mask=mask, positions=positions))[real]
     assert np.max(np.abs(changed - flax)) > 1e-3, name
 
@@ -257,7 +249,10 @@ DECODING_CELLS = {
 }
 
 
-@pytest.mark.parametrize("name", list(DECODING_CELLS))
+@pytest.mark.parametrize(
+    "name",
+    ["gqa_window_from_layer", pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow)],
+)
 def test_cached_decoding_is_the_full_forward(name):
     """Token by token through the KV cache (a right-aligned layout: each row's tokens at its
     true positions, as the engine feeds them) equals the full forward at every position; the
