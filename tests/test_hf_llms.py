@@ -336,3 +336,18 @@ def test_linear_and_dynamic_rope_against_transformers(rope, tmp_path):
         theirs = torch_model(**{k: torch.from_numpy(v) for k, v in args.items()}).logits.numpy()
     real = mask.astype(bool)
     assert_close(ours[real], theirs[real], rtol=1e-5, what=f"{rope['rope_type']} rope logits")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_windowed_generation_through_the_growing_cache(llms, beams):
+    """45 new tokens: the cache grows past its first 32 slots while the window (4) slides;
+    greedy and beam search stay token-identical."""
+    torch_model, path = llms["qwen2_biases_yarn_window_tied"]
+    ids, mask = prompts()
+    kwargs = dict(max_new_tokens=45, min_new_tokens=45, num_beams=beams, pad_token_id=0)
+    with jax.enable_x64(True):
+        ours = hf.load(path, dtype="float64").generate(ids, mask, **kwargs)
+    theirs = hf_generate(torch_model.double(), ids, mask, **kwargs)
+    torch_model.float()
+    np.testing.assert_array_equal(ours, theirs)
