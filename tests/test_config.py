@@ -21,7 +21,7 @@ def test_config_is_frozen():
         (dict(d_model=30, num_heads=4), r"d_model \(30\) must be divisible by num_heads \(4\)"),
         (dict(d_ff=0), "d_ff must be a positive int"),
         (dict(activation="swish"), "activation must be one of"),
-        (dict(positional="rotary"), "positional must be one of"),
+        (dict(positional="alibi"), "positional must be one of"),
         (dict(dropout_rate=1.5), r"dropout_rate must be a finite number in \[0, 1\)"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps must be a finite number > 0"),
         (dict(share_embeddings=True, src_vocab_size=10), "share_embeddings needs"),

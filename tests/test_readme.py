@@ -30,6 +30,7 @@ OWNERS = {
     ),
     'params, config, kind = load_flax_params("weights.safetensors")': "test_nnx",
     'hf.save(model, "out")': "test_hugging_face",
+    'model = hf.load("./Qwen2.5-0.5B-Instruct")': "test_decoder_llm",
 }
 
 
@@ -201,3 +202,15 @@ def test_hugging_face(tmp_path, monkeypatch):
     from transformers import AutoModelForSeq2SeqLM
 
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+
+
+def test_decoder_llm(tmp_path, monkeypatch):
+    from . import hf_llms
+
+    monkeypatch.chdir(tmp_path)
+    hf_llms.build("qwen2_biases_yarn_window_tied").save_pretrained(
+        tmp_path / "Qwen2.5-0.5B-Instruct"
+    )
+    namespace = run_block('model = hf.load("./Qwen2.5-0.5B-Instruct")', {})
+    assert namespace["tokens"].shape[0] == 2
+    np.testing.assert_array_equal(namespace["tokens"][:, :5], namespace["ids"])

@@ -12,7 +12,6 @@ import math
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.relative import relative_bucket_table
@@ -20,6 +19,12 @@ from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.validate import check_weights
 
 from . import encoder_heads as heads
+from .attention import (  # noqa: F401 (the twin's names, as before the split)
+    MultiHeadAttention,
+    RMSNorm,
+    scaled_dot_product_attention,
+    set_fused_attention,
+)
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -45,90 +50,6 @@ def make_segment_mask(q_segments: torch.Tensor, k_segments: torch.Tensor) -> tor
     same = q_segments[:, :, None] == k_segments[:, None, :]
     real = (q_segments != 0)[:, :, None] & (k_segments != 0)[:, None, :]
     return (same & real)[:, None]
-
-
-def scaled_dot_product_attention(
-    query, key, value, mask=None, dropout_p: float = 0.0, bias=None, scale: bool = True
-):
-    """query (batch, heads, q_len, head_dim), key/value (batch, heads, k_len, head_dim); `bias`
-    (broadcastable to (batch, heads, q_len, k_len)) added to the logits, which are divided by
-    sqrt(head_dim) only when `scale`.
-
-    Returns output (batch, heads, q_len, head_dim) and weights (batch, heads, q_len, k_len).
-    """
-    head_dim = query.shape[-1]
-    scores = query @ key.transpose(-2, -1)
-    if scale:
-        scores = scores / math.sqrt(head_dim)
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)
-    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
-    return attended @ value, weights
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with query, key, value and out Linear layers (d_model -> d_model);
-    the last attention weights are kept in `last_weights` (None on the fused path)."""
-
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        d, inner = config.d_model, config.attention_dim
-        self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.attention_dropout = config.attention_dropout_rate
-        self.scale = config.scale_attention_logits
-        self.query, self.key, self.value = (
-            nn.Linear(d, inner, bias=config.use_bias) for _ in range(3)
-        )
-        self.out = nn.Linear(inner, d, bias=config.use_bias)
-        self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
-        # "fused": PyTorch's fused kernel (F.scaled_dot_product_attention), which gives no
-        # weights; "reference" and "auto" keep the explicit path, so the weights stay readable.
-        self.attention_impl = config.attention_impl
-
-    def forward(self, inputs_q, inputs_kv=None, mask=None, bias=None):
-        """inputs_q (batch, q_len, d_model), inputs_kv (batch, k_len, d_model; default inputs_q:
-        self-attention), boolean mask broadcastable to (batch, heads, q_len, k_len), True = may
-        attend, `bias` added to the logits (a relative position bias) -> (batch, q_len,
-        d_model)."""
-        inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-        batch, q_len, _ = inputs_q.shape
-
-        def split(x):  # (batch, len, d_model) -> (batch, heads, len, head_dim)
-            return x.view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
-
-        query = split(self.query(inputs_q))
-        key, value = split(self.key(inputs_kv)), split(self.value(inputs_kv))
-        dropout_p = self.attention_dropout if self.training else 0.0
-        if self.attention_impl == "fused" and bias is None:
-            factor = None if self.scale else 1.0
-            output = F.scaled_dot_product_attention(
-                query, key, value, mask, dropout_p, scale=factor
-            )
-            if mask is not None:  # the fused kernel gives NaN for fully masked rows: define 0
-                output = output.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-            self.last_weights = None
-        else:
-            output, weights = scaled_dot_product_attention(
-                query, key, value, mask, dropout_p, bias, self.scale
-            )
-            self.last_weights = weights.detach()
-        output = output.transpose(1, 2).reshape(batch, q_len, -1)  # concat heads
-        return self.out(output)
-
-
-def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch every attention layer of a built `model` to PyTorch's fused kernel (or to the
-    explicit path). New code sets TransformerConfig.attention_impl instead; this stays for
-    callers that switch a model after building it."""
-    for module in model.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.attention_impl = "fused" if enabled else "reference"
-    return model
 
 
 # spec.config.ACTIVATIONS as torch modules; "gelu" is exact (erf), "gelu_tanh" GPT-2's gelu_new.
@@ -188,22 +109,6 @@ class PositionalEncoding(nn.Module):
             return x + table[positions + self.position_offset].to(x.dtype)
         start = offset + self.position_offset
         return x + table[start : start + x.shape[1]].to(x.dtype)[None]
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps), no mean, no bias; the mean square in at least float32, then
-    cast to the weight's dtype and multiplied by `weight` (transformers' T5LayerNorm)."""
-
-    def __init__(self, features: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(features))
-        self.eps = eps
-
-    def forward(self, x):
-        """x (..., features) -> same shape."""
-        stats = x if x.dtype == torch.float64 else x.float()
-        variance = stats.pow(2).mean(-1, keepdim=True)
-        return self.weight * (stats * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
 
 
 def _layer_norm(config: TransformerConfig) -> nn.Module:
@@ -267,21 +172,23 @@ class EncoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
     """Self-attention then feed-forward, each with dropout and a residual; post-LN (the paper) or
     pre-LN (config.norm_first); its own relative_bias with config.relative_attention_per_layer."""
 
-    def __init__(self, config: TransformerConfig, bidirectional: bool = True):
+    def __init__(self, config: TransformerConfig, bidirectional: bool = True, sliding_window=None):
         super().__init__()
         self._init_relative(config, bidirectional, per_layer=True)
         self.norm_first = config.norm_first
-        self.self_attn = MultiHeadAttention(config)
+        self.self_attn = MultiHeadAttention(config, sliding_window)
         self.norm1 = _layer_norm(config)
         self.ffn = FeedForward(config)
         self.norm2 = _layer_norm(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
-    def forward(self, x, mask=None, relative=None, bias=None):
+    def forward(self, x, mask=None, relative=None, bias=None, positions=None):
         """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len), relative
-        positions and the stack's relative bias -> (batch, len, d_model)."""
+        positions and the stack's relative bias, rotary `positions` -> (batch, len, d_model)."""
         bias = self._bias(relative, bias)
-        x = self._residual(self.norm1, x, lambda h: self.self_attn(h, mask=mask, bias=bias))
+        x = self._residual(
+            self.norm1, x, lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions)
+        )
         return self._residual(self.norm2, x, self.ffn)
 
 
@@ -310,6 +217,13 @@ class DecoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
         return self._residual(self.norm3, x, self.ffn)
 
 
+def _layer_window(config: TransformerConfig, layer: int) -> int | None:
+    """Layer `layer`'s sliding window (config.sliding_window_from_layer on), else None."""
+    if config.sliding_window is None or layer < config.sliding_window_from_layer:
+        return None
+    return config.sliding_window
+
+
 class Encoder(_RelativeBiasMixin, nn.Module):
     """A stack of EncoderBlocks (config.num_encoder_layers unless `num_layers`), with a final
     LayerNorm when config.final_norm; TransformerLM's decoder is one too (bidirectional=False:
@@ -321,15 +235,17 @@ class Encoder(_RelativeBiasMixin, nn.Module):
         super().__init__()
         self._init_relative(config, bidirectional, per_layer=False)
         num_layers = config.num_encoder_layers if num_layers is None else num_layers
-        self.layers = nn.ModuleList(EncoderBlock(config, bidirectional) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            EncoderBlock(config, bidirectional, _layer_window(config, i)) for i in range(num_layers)
+        )
         self.norm = _layer_norm(config) if config.final_norm else None
 
-    def forward(self, x, mask=None, relative=None):
+    def forward(self, x, mask=None, relative=None, positions=None):
         """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len), relative
-        positions (batch | 1, len, len) -> (batch, len, d_model)."""
+        positions (batch | 1, len, len), rotary `positions` -> (batch, len, d_model)."""
         bias = self._bias(relative, None)
         for layer in self.layers:
-            x = layer(x, mask, relative, bias)
+            x = layer(x, mask, relative, bias, positions)
         return x if self.norm is None else self.norm(x)
 
 
@@ -376,7 +292,7 @@ class _EmbeddingsMixin(nn.Module):
                 self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
             if with_target:
                 self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
-        if config.positional == "none":
+        if config.positional in ("none", "rotary"):  # rotary: turned in the attention
             self.positions = None
         elif config.positional != "learned":
             self.positions = PositionalEncoding(config)
@@ -506,7 +422,7 @@ class TransformerLM(_EmbeddingsMixin):
             mask = self._default_target_mask(tokens)
         x = self._embed("tgt", tokens, positions=positions)
         relative = relative_positions(self.config, tokens.shape[1], positions)
-        return self._output_logits(self.decoder(x, mask, relative))
+        return self._output_logits(self.decoder(x, mask, relative, positions))
 
 
 class TransformerEncoder(_EmbeddingsMixin):

@@ -14,7 +14,8 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer.nn.dropout import dropout
-from flax_transformer.nn.layers import Dense
+from flax_transformer.nn.layers import Dense, RMSNorm
+from flax_transformer.nn.rotary import rotary_tables, rotate
 from flax_transformer.spec.config import ATTENTION_IMPLS, TransformerConfig
 
 
@@ -35,6 +36,14 @@ def make_segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array
     same = q_segments[:, :, None] == k_segments[:, None, :]
     real = (q_segments != 0)[:, :, None] & (k_segments != 0)[:, None, :]
     return (same & real)[:, None]
+
+
+def window_mask(q_len: int, k_len: int, offset, window: int) -> jax.Array:
+    """(1, 1, q_len, k_len): True where key slot k lies within the `window` slots ending at
+    query slot offset + q (k > q - window; transformers' sliding_window_overlay). With the
+    causal mask it leaves each query its `window` latest keys."""
+    query = offset + jnp.arange(q_len)[:, None]
+    return (jnp.arange(k_len)[None, :] > query - window)[None, None]
 
 
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
@@ -84,17 +93,25 @@ def scaled_dot_product_attention(
     `scale`; `bias` broadcastable to (batch, heads, q_len, k_len), e.g. a relative position
     bias, added before the mask).
 
-    query (batch, q_len, heads, head_dim), key/value (batch, k_len, heads, head_dim), or
-    (batch, heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
-    without a transpose), mask broadcastable to (batch, heads, q_len, k_len): boolean,
-    True = attend; or float, added to the scores, with -inf entries treated as blocked (so a
-    fully blocked row gives zeros too).
+    query (batch, q_len, heads, head_dim), key/value (batch, k_len, kv_heads, head_dim), or
+    (batch, kv_heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
+    without a transpose); kv_heads divides heads, each key / value head serving heads /
+    kv_heads consecutive query heads (grouped-query attention); mask broadcastable to (batch,
+    heads, q_len, k_len): boolean, True = attend; or float, added to the scores, with -inf
+    entries treated as blocked (so a fully blocked row gives zeros too).
     Returns output (batch, q_len, heads, head_dim) and weights (batch, heads, q_len, k_len).
     The softmax runs in at least float32 even when the inputs are bfloat16.
     """
-    head_dim = query.shape[-1]
+    batch, q_len, heads, head_dim = query.shape
     kv = "bhkd" if heads_first else "bkhd"
-    scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)
+    kv_heads = key.shape[1 if heads_first else 2]
+    group = heads // kv_heads  # query heads per key / value head (grouped-query attention)
+    if group > 1:  # head h reads key / value head h // group (transformers' repeat_kv)
+        grouped = query.reshape(batch, q_len, kv_heads, group, head_dim)
+        scores = jnp.einsum(f"bqhgd,{kv}->bhgqk", grouped, key)
+        scores = scores.reshape(batch, heads, q_len, scores.shape[-1])
+    else:
+        scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)
     if scale:
         scores = scores / np.sqrt(head_dim).astype(query.dtype)
     softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
@@ -115,6 +132,10 @@ def scaled_dot_product_attention(
     attended = weights
     if not deterministic and dropout_rate > 0.0:
         attended = dropout(weights, dropout_rate, dropout_rng)
+    if group > 1:
+        attended = attended.reshape(batch, kv_heads, group, q_len, attended.shape[-1])
+        output = jnp.einsum(f"bhgqk,{kv}->bqhgd", attended, value)
+        return output.reshape(batch, q_len, heads, head_dim), weights
     output = jnp.einsum(f"bhqk,{kv}->bqhd", attended, value)
     return output, weights
 
@@ -175,6 +196,9 @@ class MultiHeadAttention(nn.Module):
 
     config: TransformerConfig
     causal_cache: bool = True  # in decode mode, the chunk attends causally to the cache
+    # A query sees only the `sliding_window` latest keys, itself included (None: all of them):
+    # by slot index, in the full forward's mask and the cache's.
+    sliding_window: int | None = None
 
     @nn.compact
     def __call__(
@@ -187,33 +211,53 @@ class MultiHeadAttention(nn.Module):
         decode: bool = False,
         is_cross: bool = False,
         bias: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> jax.Array:
         """`bias` (batch | 1, heads, q_len, k_len or longer), added to the logits before the
         mask (a relative position bias; in decode mode its key axis covers the cache from
-        position 0 and is cut to the cache's length)."""
+        position 0 and is cut to the cache's length). `positions` (batch | 1, q_len): where
+        the queries (and the keys of a self-attention) turn with config.positional "rotary"
+        (default 0..q_len - 1; the models give them, the cache's offset included)."""
         cfg = self.config
         # q/k/v map "embed" to "heads" (num_heads * head_dim, head-major: a split of that axis
         # keeps whole heads); `out` maps the concatenated heads back to "embed".
+        # key / value: config.kv_heads heads (grouped-query attention).
+        qkv_bias = cfg.use_bias if cfg.qkv_bias is None else cfg.qkv_bias
         dense = lambda name: Dense(  # noqa: E731
-            cfg.d_model if name == "out" else cfg.attention_dim,
-            use_bias=cfg.use_bias,
+            {"out": cfg.d_model, "query": cfg.attention_dim}.get(name, cfg.kv_heads * cfg.head_dim),
+            use_bias=cfg.use_bias if name == "out" else qkv_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             axes=("heads", "embed") if name == "out" else ("embed", "heads"),
             name=name,
         )
         batch, q_len, _ = inputs_q.shape
-        split = lambda x: x.reshape(x.shape[:2] + (cfg.num_heads, cfg.head_dim))  # noqa: E731
+        split = lambda x: x.reshape(x.shape[:2] + (-1, cfg.head_dim))  # noqa: E731
+        norm = lambda name, x: (
+            x
+            if not cfg.qk_norm
+            else RMSNorm(  # noqa: E731
+                cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, axis="head_dim", name=name
+            )(x)
+        )  # config.qk_norm: over each head (Qwen3's q_norm / k_norm)
 
-        query = split(dense("query")(inputs_q))  # (batch, q_len, heads, head_dim)
+        query = norm("query_norm", split(dense("query")(inputs_q)))  # (b, q_len, heads, hd)
         heads_first = decode  # the cache's layout: (batch, heads, len, head_dim)
         if is_cross:
             key, value = self._cross_keys_values(inputs_kv, dense, split, decode)
         else:
             source = inputs_q if inputs_kv is None else inputs_kv
-            key, value = split(dense("key")(source)), split(dense("value")(source))
+            key = norm("key_norm", split(dense("key")(source)))
+            value = split(dense("value")(source))
+            if cfg.positional == "rotary":
+                if positions is None:
+                    positions = jnp.arange(q_len)[None]
+                cos, sin = rotary_tables(cfg, positions, query.dtype)
+                query, key = rotate(query, cos, sin), rotate(key, cos, sin)
             if decode:
                 key, value, mask = self._update_self_cache(key, value, mask)
+            elif self.sliding_window is not None:
+                mask = combine_masks(mask, window_mask(q_len, q_len, 0, self.sliding_window))
         if bias is not None:
             k_len = key.shape[2] if heads_first else key.shape[1]
             bias = bias[..., :k_len]
@@ -295,6 +339,8 @@ class MultiHeadAttention(nn.Module):
         key_pos = jnp.arange(max_len)[None, :]
         query_pos = index + jnp.arange(chunk)[:, None]
         visible = key_pos <= query_pos if self.causal_cache else key_pos < index + chunk
+        if self.sliding_window is not None:
+            visible = visible & (key_pos > query_pos - self.sliding_window)
         cache_mask = visible[None, None]  # (1, 1, chunk, max_len)
         return cached_key.value, cached_value.value, combine_masks(cache_mask, mask)
 

@@ -38,11 +38,14 @@ class EncoderBlock(nn.Module):
 
     The decoder-only TransformerLM uses this block too, with a causal mask (and a causal
     relative position bias: bidirectional=False). `relative` (batch | 1, q_len, k_len) are the
-    relative positions, `bias` the stack's relative position bias (None: none).
+    relative positions, `bias` the stack's relative position bias (None: none), `positions`
+    (batch | 1, len) the tokens' positions for rotary embeddings; `sliding_window` the
+    self-attention's window (None: none).
     """
 
     config: TransformerConfig
     bidirectional: bool = True
+    sliding_window: int | None = None
 
     @nn.compact
     def __call__(
@@ -53,17 +56,23 @@ class EncoderBlock(nn.Module):
         decode: bool = False,
         relative: jax.Array | None = None,
         bias: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         bias = self_attention_bias(self, relative, bias, self.bidirectional)
-        self_attn = MultiHeadAttention(cfg, name="self_attn")
+        self_attn = MultiHeadAttention(cfg, sliding_window=self.sliding_window, name="self_attn")
         ffn = FeedForward(cfg, name="ffn")
         x = residual(
             cfg,
             layer_norm(cfg, "norm1"),
             x,
             lambda h: self_attn(
-                h, mask=mask, deterministic=deterministic, decode=decode, bias=bias
+                h,
+                mask=mask,
+                deterministic=deterministic,
+                decode=decode,
+                bias=bias,
+                positions=positions,
             ),
             deterministic,
         )

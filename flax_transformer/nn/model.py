@@ -104,6 +104,24 @@ def stack_bias(module: nn.Module, relative, bidirectional: bool):
     return RelativePositionBias(cfg, bidirectional, name=RELATIVE_BIAS)(relative)
 
 
+def layer_window(config: TransformerConfig, layer: int) -> int | None:
+    """Layer `layer`'s sliding window: config.sliding_window from sliding_window_from_layer
+    on, else None (full attention)."""
+    if config.sliding_window is None or layer < config.sliding_window_from_layer:
+        return None
+    return config.sliding_window
+
+
+def rotary_positions(config: TransformerConfig, length: int, offset, positions):
+    """The tokens' positions for rotary embeddings (batch | 1, length): `positions`, else
+    offset.. (the decode cache's index); None unless config.positional is "rotary"."""
+    if config.positional != "rotary":
+        return None
+    if positions is not None:
+        return positions
+    return (offset + jnp.arange(length))[None]
+
+
 class Encoder(nn.Module):
     """A stack of EncoderBlocks named layers_{i}, then `norm` when config.final_norm; with a
     relative position bias, `relative_bias` (shared by the layers) or one per layer.
@@ -115,15 +133,23 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x, mask=None, *, deterministic: bool = True, decode: bool = False, relative=None
+        self,
+        x,
+        mask=None,
+        *,
+        deterministic: bool = True,
+        decode: bool = False,
+        relative=None,
+        positions=None,
     ):
+        """`positions` (batch | 1, len): the tokens' positions for rotary embeddings."""
         cfg = self.config
         num_layers = cfg.num_encoder_layers if self.num_layers is None else self.num_layers
         block = nn.remat(EncoderBlock, static_argnums=(3, 4)) if cfg.remat else EncoderBlock
         bias = stack_bias(self, relative, self.bidirectional)
         for i in range(num_layers):
-            layer = block(cfg, self.bidirectional, name=f"layers_{i}")
-            x = layer(x, mask, deterministic, decode, relative, bias)
+            layer = block(cfg, self.bidirectional, layer_window(cfg, i), name=f"layers_{i}")
+            x = layer(x, mask, deterministic, decode, relative, bias, positions)
         if cfg.final_norm:
             x = layer_norm(cfg, "norm")(x)
         return x
@@ -196,7 +222,7 @@ class _EmbeddingsMixin:
         if token_types is not None:  # config.type_vocab_size (the bare encoder's type_embed)
             x = x + self.type_embed(token_types)
         side = tag[:3]  # "src" / "tgt"
-        if cfg.positional != "none":
+        if cfg.positional not in ("none", "rotary"):  # rotary: turned in the attention
             x = self._positions[side](x, offset, positions)
         if cfg.embed_norm:
             x = getattr(self, f"{side}_embed_norm")(x)
@@ -464,7 +490,10 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
         offset = self.decode_position(length, decode)
         x = self._embed(self.tgt_embed, tokens, offset, deterministic, "tgt_embedded", positions)
         relative = relative_positions(cfg, length, offset, positions, decode)
-        x = self.decoder(x, mask, deterministic=deterministic, decode=decode, relative=relative)
+        x = self.decoder(
+            x, mask, deterministic=deterministic, decode=decode, relative=relative,
+            positions=rotary_positions(cfg, length, offset, positions),
+        )  # fmt: skip
         return self._output_logits(self.tgt_embed, x, decode)
 
 

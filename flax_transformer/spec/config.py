@@ -16,8 +16,12 @@ from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_probl
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
-# "none": no absolute positions (a model with a relative position bias, T5).
-POSITIONALS = ("sinusoidal", "learned", "none")
+# "none": no absolute positions (a model with a relative position bias, T5); "rotary": none
+# added to the embeddings, the queries and keys of every self-attention rotated by their
+# positions instead (Llama, Mistral, Qwen; spec/rotary.py, the rope_* fields).
+POSITIONALS = ("sinusoidal", "learned", "none", "rotary")
+# How the rotary frequencies are scaled (transformers' rope_type): spec/rotary.py.
+ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn")
 # "layer": LayerNorm (mean subtracted, bias when use_bias); "rms": RMSNorm (no mean, no bias).
 NORM_TYPES = ("layer", "rms")
 # interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
@@ -113,6 +117,32 @@ class TransformerConfig:
     bos_id: int | None = None
     eos_id: int | None = None
     decoder_start_id: int | None = None
+    # Switches of Llama-lineage decoders (Llama, Mistral, Qwen2, Qwen3; docs/hf.md). Rotary
+    # positions (positional="rotary"): the base wavelength, the scaling rule and its
+    # parameters, as transformers' rope_parameters name them (spec/rotary.py).
+    rope_theta: float = 10000.0
+    rope_scaling: str = "default"  # one of ROPE_SCALINGS
+    rope_factor: float = 1.0  # linear, dynamic, llama3, yarn: how far the context is stretched
+    # llama3 / yarn: the pretraining length (original_max_position_embeddings); dynamic: the
+    # length past which the base grows (transformers' max_position_embeddings).
+    rope_original_max_len: int | None = None
+    rope_low_freq_factor: float = 1.0  # llama3
+    rope_high_freq_factor: float = 4.0  # llama3
+    rope_beta_fast: float = 32.0  # yarn
+    rope_beta_slow: float = 1.0  # yarn
+    rope_attention_factor: float | None = None  # yarn: cos/sin scale (None: from the factor)
+    rope_mscale: float | None = None  # yarn: attention factor from mscale / mscale_all_dim
+    rope_mscale_all_dim: float | None = None
+    rope_truncate: bool = True  # yarn: the correction range rounded outwards
+    # Grouped-query attention: the keys and values have num_kv_heads heads, each shared by
+    # num_heads / num_kv_heads query heads (1: multi-query); the KV cache holds only those.
+    num_kv_heads: int | None = None  # None: num_heads
+    qkv_bias: bool | None = None  # biases on query, key, value (None: use_bias; Qwen2: True)
+    qk_norm: bool = False  # an RMS norm over each head of the queries and keys (Qwen3)
+    # Sliding-window attention: a query sees the sliding_window latest keys (itself included)
+    # in the layers from sliding_window_from_layer on (Qwen2's max_window_layers); None: all.
+    sliding_window: int | None = None
+    sliding_window_from_layer: int = 0
 
     def __post_init__(self) -> None:
         problems = field_problems(self, FIELD_RULES)
@@ -135,6 +165,7 @@ class TransformerConfig:
                 f"> relative_attention_buckets // 2, got {buckets} and {distance} (half the "
                 "buckets of a direction are exact distances, the rest log-spaced up to the max)"
             )
+        problems += _llm_problems(self, problems)
         if self.head == "sequence_pooled" and not self.pooler:
             problems.append("head 'sequence_pooled' needs pooler=True (it reads the pooler)")
         if self.positions_skip_padding and (
@@ -169,6 +200,11 @@ class TransformerConfig:
         if self.attention_head_dim is not None:
             return self.attention_head_dim
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key / value heads: num_kv_heads, else num_heads."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     @property
     def attention_dim(self) -> int:
@@ -227,6 +263,34 @@ class TransformerConfig:
             raise ValueError(f"{path}: {err}") from None
 
 
+def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
+    """The cross-field rules of the rotary, grouped-query and sliding-window switches (fields
+    with a problem of their own already are skipped)."""
+    bad = {p.split()[0] for p in found}
+    problems = []
+    fields = {"num_heads", "num_kv_heads", "d_model", "attention_head_dim"}
+    if not fields & bad and cfg.num_heads % cfg.kv_heads:
+        problems.append(
+            f"num_heads ({cfg.num_heads}) must be a multiple of num_kv_heads ({cfg.kv_heads}): "
+            "each key / value head serves the same number of query heads"
+        )
+    if cfg.positional == "rotary" and not fields & bad and cfg.head_dim % 2:
+        problems.append(f"positional 'rotary' needs an even head_dim, got {cfg.head_dim}")
+    rope = {f for f in bad if f.startswith("rope_")}
+    if cfg.rope_scaling in ("dynamic", "llama3", "yarn") and not rope:
+        if cfg.rope_original_max_len is None:
+            problems.append(f"rope_scaling {cfg.rope_scaling!r} needs rope_original_max_len")
+    if cfg.rope_scaling == "llama3" and not rope:
+        if cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor:
+            problems.append(
+                "rope_scaling 'llama3' needs rope_high_freq_factor > rope_low_freq_factor, got "
+                f"{cfg.rope_high_freq_factor} and {cfg.rope_low_freq_factor}"
+            )
+    if cfg.rope_scaling != "default" and cfg.positional != "rotary" and "positional" not in bad:
+        problems.append(f"rope_scaling {cfg.rope_scaling!r} needs positional='rotary'")
+    return problems
+
+
 # ----------------------------------------------------------------------------- validation
 # Every field's type and range, checked in __post_init__ (cross-field rules are there too).
 # A new field adds one line here; tests/test_bad_input_values.py fails for a field without one.
@@ -279,6 +343,23 @@ FIELD_RULES = {
     "bos_id": Int(min=0, optional=True),
     "eos_id": Int(min=0, optional=True),
     "decoder_start_id": Int(min=0, optional=True),
+    "rope_theta": Float(gt=0.0),
+    "rope_scaling": Choice(ROPE_SCALINGS),
+    "rope_factor": Float(gt=0.0),
+    "rope_original_max_len": Int(min=1, optional=True),
+    "rope_low_freq_factor": Float(gt=0.0),
+    "rope_high_freq_factor": Float(gt=0.0),
+    "rope_beta_fast": Float(gt=0.0),
+    "rope_beta_slow": Float(gt=0.0),
+    "rope_attention_factor": Float(gt=0.0, optional=True),
+    "rope_mscale": Float(ge=0.0, optional=True),
+    "rope_mscale_all_dim": Float(ge=0.0, optional=True),
+    "rope_truncate": Bool(),
+    "num_kv_heads": Int(min=1, optional=True),
+    "qkv_bias": Bool(optional=True),
+    "qk_norm": Bool(),
+    "sliding_window": Int(min=1, optional=True, why="(None = no window)"),
+    "sliding_window_from_layer": Int(min=0),
 }
 
 
@@ -294,11 +375,16 @@ def kind_problems(config: TransformerConfig, kind: str) -> list[str]:
         ENCODER: ["num_encoder_layers"],
     }.get(kind, ["num_decoder_layers", "num_encoder_layers"])
     what = {LM: "a decoder-only LM", ENCODER: "a bare encoder"}.get(kind, "a seq2seq model")
-    return [
+    problems = [
         f"{what} needs {name} >= 1, got {getattr(config, name)}"
         for name in needed
         if getattr(config, name) < 1
     ]
+    if kind != LM and config.positional == "rotary":
+        problems.append(f"positional 'rotary' is for decoder-only LMs, not {what}")
+    if kind != LM and config.sliding_window is not None:
+        problems.append(f"sliding_window is for decoder-only LMs, not {what}")
+    return problems
 
 
 def check_config_for_kind(config: TransformerConfig, kind: str) -> TransformerConfig:

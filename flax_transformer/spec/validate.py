@@ -122,11 +122,15 @@ class Float:
 
 @dataclasses.dataclass(frozen=True)
 class Bool:
-    """A bool (not 0 / 1)."""
+    """A bool (not 0 / 1); None allowed when `optional`."""
+
+    optional: bool = False
 
     def problem(self, value) -> str | None:
         """The message "must be true or false, got ..." unless `value` is a bool, else None."""
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+        if isinstance(value, bool) or (value is None and self.optional):
+            return None
+        return f"must be true or false{' or None' if self.optional else ''}, got {value!r}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ Every param declares the logical names of its axes where it is created (nn/layer
   split on their output axis (whole heads), the attention `out` kernel on its input axis;
 - "mlp" (d_ff) -> model: ffn linear1's kernel and bias on the output axis, linear2's kernel on
   its input axis;
-- "embed", "embed_out", "labels", "head_count", "vocab", "position" -> replicated:
+- "embed", "embed_out", "labels", "head_count", "head_dim", "vocab", "position" -> replicated:
   embeddings, LayerNorms, output biases, lm_head, an encoder's pooler and heads, T5's
   relative bias.
 Leaves outside the params (step counters, rng keys) are replicated, and any part of the state
@@ -56,6 +56,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("embed_out", None),  # the output of a d_model x d_model matrix (pooler, encoder heads)
     ("labels", None),  # a classifier's classes
     ("head_count", None),  # one value per head (T5's relative bias): small, replicated
+    ("head_dim", None),  # one value per unit of a head (Qwen3's q/k norms): replicated
     ("vocab", None),
     ("position", None),
 )
