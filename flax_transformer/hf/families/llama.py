@@ -5,7 +5,7 @@ place here), full attention in every layer, rotary scaling by rope_parameters (L
 
 from __future__ import annotations
 
-from flax_transformer.hf.families import decoder_llm
+import flax_transformer.hf.families.decoder_llm as decoder_llm
 from flax_transformer.hf.families.family import HFConfig
 
 DEFAULTS = dict(max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False)

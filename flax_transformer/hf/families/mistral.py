@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from flax_transformer.hf.families import decoder_llm
+import flax_transformer.hf.families.decoder_llm as decoder_llm
 from flax_transformer.hf.families.family import HFConfig
 
 DEFAULTS = dict(

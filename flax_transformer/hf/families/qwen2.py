@@ -4,7 +4,7 @@ the layers from `max_window_layers` on (or as config.json's `layer_types` list t
 
 from __future__ import annotations
 
-from flax_transformer.hf.families import decoder_llm
+import flax_transformer.hf.families.decoder_llm as decoder_llm
 from flax_transformer.hf.families.family import HFConfig
 
 DEFAULTS = dict(

@@ -5,7 +5,7 @@ sliding-window declaration."""
 
 from __future__ import annotations
 
-from flax_transformer.hf.families import decoder_llm
+import flax_transformer.hf.families.decoder_llm as decoder_llm
 from flax_transformer.hf.families.family import HFConfig
 from flax_transformer.hf.families.qwen2 import window_switches
 
