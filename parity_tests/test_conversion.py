@@ -94,7 +94,7 @@ def test_cli_converts_pt_and_safetensors_both_ways(tmp_path):
         tmp_path / "m.pt", tmp_path / "flax.safetensors", "--config", tmp_path / "config.json"
     )
     assert result.returncode == 0, result.stderr
-    assert '"torch -> flax"' in result.stdout
+    assert "converted torch -> flax: " in result.stdout
     result = run_cli(tmp_path / "flax.safetensors", tmp_path / "torch.safetensors")
     assert result.returncode == 0, result.stderr
     back, cfg, _ = load_torch_state(tmp_path / "torch.safetensors")

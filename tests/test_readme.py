@@ -204,6 +204,7 @@ def test_hugging_face(tmp_path, monkeypatch):
     AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
 
 
+@pytest.mark.slow  # transformers builds a Llama; greedy generation compiles (about 25 s)
 def test_decoder_llm(tmp_path, monkeypatch):
     from . import hf_llms
 
