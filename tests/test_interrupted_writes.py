@@ -338,3 +338,50 @@ def test_a_signal_while_the_step_compiles_ends_the_process_cleanly(tmp_path, sig
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == status, err[-3000:]
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+
+
+LOST_IN_A_FINALIZER = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
+from flax_transformer.files.interruptions import one_line_failures
+class Finalized:
+    def __del__(self):
+        raise KeyboardInterrupt  # as Ctrl-C landing in JAX's gc callback
+@one_line_failures
+def main():
+    Finalized()  # dropped at once: its __del__ is where the interruption lands
+    for _ in range(10**7):
+        pass
+    print("finished")
+    return 0
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_landing_in_a_finalizer_is_not_lost():
+    """bench.chaos: Ctrl-C landed in JAX's `_xla_gc_callback`; Python printed "Exception ignored
+    in ..." with a traceback, dropped it, and the import went on to exit 0. It is delivered
+    again: one line, exit 130."""
+    result = run(["-c", LOST_IN_A_FINALIZER])
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert one_line(result) == "interrupted (Ctrl-C); nothing half-written was kept"
+    assert "finished" not in result.stdout
+
+
+SIGNAL_IN_THE_TEARDOWN = """
+import atexit, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell (see above)
+from flax_transformer.cli.process import exit_process
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))
+print("done")
+exit_process(0)
+"""
+
+
+def test_a_ctrl_c_after_the_work_is_done_keeps_the_status():
+    """bench.chaos: a Ctrl-C as a finished import's process ended killed it with the signal
+    (exit -2): Python restores the default actions while it finalizes. The work is done; the
+    status stays 0 and nothing is printed."""
+    result = run(["-c", SIGNAL_IN_THE_TEARDOWN])
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr[-3000:]
+    assert result.stderr == ""

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
-        if process_entry and code in (130, 143):  # interrupted: no teardown (cli/process.py)
+        if process_entry:  # the `ftx` program: how its process ends (cli/process.py)
             exit_process(code)
         return code
     print(code, file=sys.stderr)  # SystemExit("message")

@@ -12,6 +12,7 @@ Nothing half-written is left, because every write of the package is all-or-nothi
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
 import os
@@ -51,17 +52,36 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+def _deliver_again(unraisable) -> None:
+    """sys.unraisablehook within sigterm_raises: an interruption raised where Python cannot
+    propagate it (a garbage-collection callback such as JAX's `_xla_gc_callback`, a __del__)
+    printed "Exception ignored in ..." with a traceback and was lost, the command going on to
+    exit 0. Its signal is sent again instead, silently: the handler then raises it in the
+    command's own code, which answers with its one line."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        terminated = isinstance(unraisable.exc_value, Terminated)
+        # From another thread, a moment later: sent from here, the handler would run at once,
+        # still inside this hook, and be lost again. (Lost again, it comes back here.)
+        number = signal.SIGTERM if terminated else signal.SIGINT
+        threading.Timer(0.01, _thread.interrupt_main, args=(number,)).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 @contextlib.contextmanager
 def sigterm_raises():
-    """Within: SIGTERM raises Terminated (main thread only; elsewhere nothing changes)."""
+    """Within: SIGTERM raises Terminated (main thread only; elsewhere nothing changes), and an
+    interruption lost in a finalizer is delivered again (_deliver_again)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _deliver_again
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 def one_line_failures(main):
