@@ -50,6 +50,17 @@ SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal
 EXPECTED = {"SIGINT": {0, 130}, "SIGTERM": {0, 143}, "SIGKILL": {0, -9}}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def write_corpus(path: Path, count: int, seed: int = 0) -> None:
     """`count` pairs of random words (the target reversed), seeded."""
     rng = np.random.default_rng(seed)
@@ -192,10 +203,12 @@ def main(argv=None) -> int:
         command = commands[name]
         base = "hf_import" if name == "hf_import" else "train"
         workdir = tmp / f"round{index}"
-        delay = rng.uniform(0.2, wall[base])
+        # (over 0.8 of the uninterrupted time: a signal after the end interrupts nothing)
+        delay = rng.uniform(0.2, 0.8 * wall[base])
         outputs, problems = [], []
         if name == "resume":  # a first interruption, resumed, then interrupted again
-            code, output = interrupt(command.args(workdir), rng.uniform(0.2, wall[base]), "SIGINT")
+            first = rng.uniform(0.2, 0.8 * wall[base])
+            code, output = interrupt(command.args(workdir), first, "SIGINT")
             outputs.append(output)
             resume = (workdir / "run.json").exists()
             code, output = interrupt(command.args(workdir, resume), delay, sig)
@@ -218,12 +231,15 @@ def main(argv=None) -> int:
         failures += bool(problems)
         row = {"round": index, "command": name, "signal": sig, "delay_s": round(delay, 2),
                "exit": code, "recovery": how, "ok": not problems, "problems": problems}  # fmt: skip
+        if problems:  # what the commands printed, for the diagnosis
+            row["output_tail"] = [o[-2000:] for o in outputs]
         rows.append(row)
         print(f"round {index:2d}: {name:9s} {sig:7s} at {delay:5.1f} s -> exit {code:4d}, "
               f"{how}: {'ok' if not problems else '; '.join(problems)}", flush=True)  # fmt: skip
     summary = {
         "rounds": args.rounds, "failed": failures, "seed": args.seed,
-        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+        "cpu": cpu_name(), "python": platform.python_version(),
+        "interrupted": sum(r["recovery"] != "finished first" for r in rows),
         "uninterrupted_s": wall, "rows": rows,
     }  # fmt: skip
     Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
