@@ -152,6 +152,8 @@ def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status,
     assert not workdir.exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # two imports in processes of their own (15-30 s); the sweep is fast in
+# tests/test_token_cache.py::test_a_stage_left_by_a_killed_run_is_removed_by_the_next
 def test_a_stage_left_by_a_sigkill_is_removed_by_the_next_import(hf_dir, tmp_path):
     """SIGKILL cannot be answered: the import's staging directory stays. The next command
     staging beside it removes it (its owner process is gone), says so, and succeeds."""
