@@ -73,7 +73,10 @@ def one_process(workdir, mesh, devices, flags=ARGS):
 
 
 def launched(workdir, processes, *train_flags, devices_per_process=None):
+    # Every process's lines (the checks below read process 1's too; the default shows process
+    # 0's and the others' errors).
     cmd = [sys.executable, "-m", "flax_transformer.launch", "--processes", str(processes)]
+    cmd += ["--output", "all"]
     if devices_per_process:
         cmd += ["--devices-per-process", str(devices_per_process)]
     result = run([*cmd, "--", "train.py", *train_flags, "--workdir", str(workdir)])
