@@ -152,7 +152,6 @@ def test_layers_a_model_kind_needs():
     "model, layers, message",
     [
         ("Transformer", "num_decoder_layers", "a seq2seq model needs num_decoder_layers >= 1"),
-        ("Transformer", "num_encoder_layers", "a seq2seq model needs num_encoder_layers >= 1"),
         ("TransformerLM", "num_decoder_layers", "a decoder-only LM needs num_decoder_layers >= 1"),
         ("TransformerEncoder", "num_encoder_layers", "a bare encoder needs num_encoder_layers"),
     ],
@@ -169,6 +168,19 @@ def test_the_python_api_refuses_a_model_without_the_layers_it_needs(model, layer
     inputs = (tokens, tokens) if model == "Transformer" else (tokens,)
     with pytest.raises(ValueError, match=message):
         module.init(jax.random.PRNGKey(0), *inputs)
+
+
+def test_a_seq2seq_model_without_encoder_layers_is_still_a_function():
+    """Its decoder reads the source's embeddings (the twins agree on it, parity_tests/
+    test_properties.py); only the commands ask a seq2seq run for encoder layers."""
+    import jax
+
+    import flax_transformer
+
+    tokens = np.ones((1, 3), np.int32)
+    model = flax_transformer.Transformer(TransformerConfig(num_encoder_layers=0))
+    variables = model.init(jax.random.PRNGKey(0), tokens, tokens)
+    assert model.apply(variables, tokens, tokens).shape[:2] == (1, 3)
 
 
 # ----------------------------------------------------------------------------- train

@@ -337,7 +337,8 @@ class Transformer(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
-        check_config_for_kind(cfg, SEQ2SEQ)  # no decoder: an output that ignores the source
+        # (no decoder layers: an output that never reads the source)
+        check_config_for_kind(cfg, SEQ2SEQ, building=True)
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.tgt_embed_table = self.shared_embed
@@ -456,7 +457,7 @@ class TransformerLM(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
-        check_config_for_kind(cfg, LM)
+        check_config_for_kind(cfg, LM, building=True)
         self.tgt_embed = _embed_module(cfg, cfg.tgt_vocab_size)
         self._setup_positions(cfg, with_source=False)
         if cfg.embed_norm:
@@ -512,7 +513,7 @@ class TransformerEncoder(_EmbeddingsMixin, nn.Module):
 
     def setup(self):
         cfg = self.config
-        check_config_for_kind(cfg, ENCODER)
+        check_config_for_kind(cfg, ENCODER, building=True)
         if cfg.share_embeddings:
             self.shared_embed = _embed_module(cfg, cfg.src_vocab_size)
             self.src_embed_table = self.shared_embed

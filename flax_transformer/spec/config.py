@@ -363,17 +363,19 @@ FIELD_RULES = {
 }
 
 
-def kind_problems(config: TransformerConfig, kind: str) -> list[str]:
+def kind_problems(config: TransformerConfig, kind: str, *, building: bool = False) -> list[str]:
     """What makes `config` unusable for a model of `kind` (empty: nothing). The config alone
     allows 0 layers (an encoder-only torch.nn port has no decoder, an LM no encoder); a model
     needs decoder layers (without them a seq2seq output ignores the source, and training fails
-    late looking for the decoder), a seq2seq model encoder layers too, a bare encoder (kind
-    "encoder") encoder layers only."""
+    late looking for the decoder), a seq2seq run encoder layers too, a bare encoder (kind
+    "encoder") encoder layers only. `building`: what the linen model itself needs (a seq2seq
+    model of 0 encoder layers is a function, its decoder reading the source's embeddings: the
+    twins agree on it; the commands still ask for encoder layers)."""
     kind = check_kind(kind)
     needed = {
         LM: ["num_decoder_layers"],
         ENCODER: ["num_encoder_layers"],
-    }.get(kind, ["num_decoder_layers", "num_encoder_layers"])
+    }.get(kind, ["num_decoder_layers"] + ([] if building else ["num_encoder_layers"]))
     what = {LM: "a decoder-only LM", ENCODER: "a bare encoder"}.get(kind, "a seq2seq model")
     problems = [
         f"{what} needs {name} >= 1, got {getattr(config, name)}"
@@ -387,9 +389,11 @@ def kind_problems(config: TransformerConfig, kind: str) -> list[str]:
     return problems
 
 
-def check_config_for_kind(config: TransformerConfig, kind: str) -> TransformerConfig:
+def check_config_for_kind(
+    config: TransformerConfig, kind: str, *, building: bool = False
+) -> TransformerConfig:
     """`config`, or a ValueError naming each field `kind_problems` finds."""
-    problems = kind_problems(config, kind)
+    problems = kind_problems(config, kind, building=building)
     if problems:
         raise ValueError("invalid TransformerConfig: " + "; ".join(problems))
     return config
