@@ -1,0 +1,87 @@
+"""Every bench module imports, and every runnable one (`python -m bench.NAME`) shows its --help;
+the modules that came out of bench/results/ keep their one piece of logic and their refusals."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import bench
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(bench.__path__))
+RUNNABLE = [
+    name
+    for name in MODULES
+    if 'if __name__ == "__main__":' in (Path(bench.__path__[0]) / f"{name}.py").read_text()
+]
+
+
+def test_the_modules_are_found():
+    assert {"ab_decode", "hlo_ops", "f32_rows", "page_faults", "hf_generate"} <= set(RUNNABLE)
+    assert {"setup", "flax_step"} <= set(MODULES) - set(RUNNABLE)  # libraries of the others
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_imports(name):
+    module = importlib.import_module(f"bench.{name}")
+    assert module.__doc__, f"bench.{name}: no docstring saying what it measures"
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_help(name, capsys):
+    module = importlib.import_module(f"bench.{name}")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")
+
+
+def test_hlo_ops_reads_opcodes_shapes_and_fusion_kinds():
+    from bench.hlo_ops import instructions, loop_body
+
+    hlo = """\
+%body.1 (p: (s32[])) -> (s32[]) {
+  %p = (s32[]) parameter(0)
+  ROOT %add.3 = s32[] add(s32[] %x, s32[] %y)
+}
+
+ENTRY %main (a: f32[2,3]) -> f32[2,3] {
+  %fusion.7 = f32[2,3]{1,0} fusion(f32[2,3]{1,0} %a), kind=kLoop, calls=%fused
+  %while.2 = (s32[]) while((s32[]) %t), condition=%cond.1, body=%body.1
+  ROOT %negate.1 = f32[2,3]{1,0} negate(f32[2,3]{1,0} %fusion.7)
+}
+"""
+    assert instructions(hlo) == [
+        "add s32[] ",
+        "fusion f32[2,3]{1,0} kLoop",
+        "negate f32[2,3]{1,0} ",
+        "parameter (s32[]) ",
+        "while (s32[]) ",
+    ]
+    assert instructions(loop_body(hlo)) == ["add s32[] ", "parameter (s32[]) "]
+
+
+def test_ab_decode_refuses_a_tree_without_the_package(tmp_path, capsys):
+    from bench import ab_decode
+
+    root = Path(bench.__path__[0]).parent
+    with pytest.raises(SystemExit) as exit_:
+        ab_decode.main([str(tmp_path), str(root), "--json", str(tmp_path / "out.json")])
+    assert exit_.value.code == 2
+    assert f"base {tmp_path}: no flax_transformer/ there" in capsys.readouterr().err
+
+
+def test_f32_rows_says_why_when_the_kernel_is_off(monkeypatch, capsys):
+    from bench import f32_rows
+    from flax_transformer.kernels.switches import KERNELS
+
+    monkeypatch.setenv(KERNELS.f32.variable, "xla")
+    assert f32_rows.main(["--rows", "16"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("bench.f32_rows: the float32 kernel does not run here")
+        and err.count("\n") == 1
+    )
