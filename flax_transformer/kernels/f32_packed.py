@@ -27,7 +27,7 @@ from flax_transformer.kernels.switches import KERNELS
 
 N_MULTIPLE = 32  # the kernel computes 32 columns (two panels) at a time
 # The kernel reads all the rows again for every pair of panels: it pays while they stay in
-# cache. Measured (bench/results/f32_packed/rows.py): faster than XLA's dot up to the largest
+# cache. Measured (`python -m bench.f32_rows`): faster than XLA's dot up to the largest
 # tried, 512 rows of 2048 features (4 MiB, 1.43x) and 512 of 512 (1.2-1.5x). Rows of more
 # bytes (an encoder over a long batch, a long prompt) run as XLA's dot on the packed layout.
 MAX_ROW_BYTES = 4 << 20
