@@ -28,8 +28,6 @@ def _version() -> str:
         return "0+unknown"
 
 
-__version__ = _version()
-
 _EXPORTS = {
     "TransformerConfig": "flax_transformer.spec.config",
     "config_diff": "flax_transformer.spec.config",
@@ -48,4 +46,14 @@ _EXPORTS = {
     "model_for": "flax_transformer.nn.kinds",
 }
 __all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_export, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):
+    """The public names, and `__version__`: computed when asked, since importlib.metadata takes
+    0.1 s or more, and a command's process is unprotected from Ctrl-C until its package loads
+    (cli/process.py)."""
+    if name == "__version__":
+        globals()["__version__"] = version = _version()
+        return version
+    return _export(name)

@@ -5,11 +5,13 @@ Before 0.2 this module also held the conversion functions (`torch_state_to_flax`
 release, with a DeprecationWarning.
 """
 
-from flax_transformer.cli.convert import main
-from flax_transformer.cli.process import exit_process
-from flax_transformer.lazy import moved_module
+if __name__ == "__main__":  # the command's import inside its Ctrl-C handling (cli/process.py)
+    from flax_transformer.cli.process import run_command_and_exit
+
+    run_command_and_exit("flax_transformer.cli.convert")
+
+from flax_transformer.lazy import moved_module  # noqa: E402
 
 __getattr__ = moved_module(__name__, "flax_transformer.interop.convert")
 
-if __name__ == "__main__":
-    exit_process(main())
+from flax_transformer.cli.convert import main  # noqa: E402, F401  (the import path of 0.2)

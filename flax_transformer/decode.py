@@ -4,6 +4,6 @@ This path still works for one release: each name resolves from the new home with
 DeprecationWarning.
 """
 
-from flax_transformer.lazy import moved_module
+from flax_transformer.lazy import moved_module  # noqa: E402
 
 __getattr__ = moved_module(__name__, "flax_transformer.decoding")

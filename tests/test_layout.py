@@ -139,7 +139,7 @@ TOP_LEVEL = {
     # `python -m flax_transformer.X`: thin wrappers of a cli/ command (the commands live there)
     "convert.py": {"lazy", "cli"},
     "generate.py": {"cli"},
-    "train.py": {"cli", "training"},  # training.host_memory: the re-execution before JAX loads
+    "train.py": {"cli", "training", "files"},  # host_memory: re-exec before JAX; interruptions
     "demo.py": {"lazy", "cli"},
     "launch.py": {"lazy", "cli"},
 }

@@ -31,6 +31,8 @@ import time
 
 from flax_transformer.cli.process import exit_process
 
+USES_JAX = False  # it starts processes that do (cli/process.import_command)
+
 POLL_S = 0.1
 
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-from flax_transformer.cli.process import exit_process
+from flax_transformer.cli.process import exit_process, import_command, run_main
+from flax_transformer.files.interruptions import interrupt_exits_at_once
+
+USES_JAX = False  # each subcommand's import loads it (cli/process.import_command)
 
 # subcommand -> (module whose main(argv) runs it, one line for `ftx --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -76,25 +79,24 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from flax_transformer.files.settings import SettingError
     from flax_transformer.kernels.switches import KERNELS
 
     problem = None if {"-h", "--help"} & set(rest) else KERNELS.preflight()  # no JAX loaded
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if first == "train" and process_entry:  # before JAX loads (training/host_memory.py)
-        from flax_transformer.training.host_memory import reexec_with_tuned_malloc
+    if process_entry:  # the `ftx` program: Ctrl-C ends it at once until the command starts
+        if first == "train":  # before JAX loads (training/host_memory.py)
+            with interrupt_exits_at_once():
+                from flax_transformer.training.host_memory import reexec_with_tuned_malloc
 
-        reexec_with_tuned_malloc()
-    module = importlib.import_module(COMMANDS[first][0])
-    try:
-        code = module.main(rest)
-    except SystemExit as done:  # argparse (--help: 0, a usage error: 2)
-        code = done.code
-    except SettingError as err:  # a kernel forced where JAX computes on a GPU, ...
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+                reexec_with_tuned_malloc()
+        module = import_command(COMMANDS[first][0], rest)
+    else:
+        module = importlib.import_module(COMMANDS[first][0])
+    # A SettingError (a kernel forced where JAX computes on a GPU, ...) is one line and 2;
+    # argparse's SystemExit gives its code.
+    code = run_main(module, rest)
     if code is None:
         return 0
     if isinstance(code, int):

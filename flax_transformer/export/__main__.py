@@ -1,7 +1,6 @@
 """`python -m flax_transformer.export --workdir RUN --format F --out DIR` = `ftx export`."""
 
-from flax_transformer.cli.export import main
-from flax_transformer.cli.process import exit_process
+if __name__ == "__main__":  # the command's import inside its Ctrl-C handling (cli/process.py)
+    from flax_transformer.cli.process import run_command_and_exit
 
-if __name__ == "__main__":
-    exit_process(main())
+    run_command_and_exit("flax_transformer.cli.export")

@@ -84,6 +84,36 @@ def sigterm_raises():
         sys.unraisablehook = previous_hook
 
 
+@contextlib.contextmanager
+def interrupt_exits_at_once():
+    """Within (a command's process before its work begins: importing JAX, re-executing itself),
+    Ctrl-C or SIGTERM ends the process at once with the one line and 130 / 143. Raised there
+    instead, a KeyboardInterrupt printed a traceback from inside an import, and one unwinding
+    through a half-imported extension crashed the process (SIGSEGV); a SIGTERM killed it
+    silently (bench.chaos found them). Nothing was written yet, so nothing needs cleaning up.
+    Main thread only; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum, frame):
+        how = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        # os.write, not print: the handler may run inside a print of the interrupted code.
+        os.write(2, f"interrupted ({how}) before the command started\n".encode())
+        os._exit(128 + signum)
+
+    numbers = {signal.SIGINT, signal.SIGTERM}
+    previous = {number: signal.signal(number, exit_now) for number in numbers}
+    # A re-exec blocks them across the exec (training/host_memory.py): one sent meanwhile is
+    # pending, and is delivered here.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def one_line_failures(main):
     """Decorator for a command's `main(argv) -> int`: an interruption, a full disk or a bad
     environment setting (files.settings) becomes one line on stderr and the exit status

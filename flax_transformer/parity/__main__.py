@@ -1,6 +1,6 @@
 """`python -m flax_transformer.parity A B` = `ftx parity` (cli/parity.py)."""
 
-from flax_transformer.cli.parity import main
-from flax_transformer.cli.process import exit_process
+if __name__ == "__main__":  # the command's import inside its Ctrl-C handling (cli/process.py)
+    from flax_transformer.cli.process import run_command_and_exit
 
-exit_process(main())
+    run_command_and_exit("flax_transformer.cli.parity")

@@ -35,6 +35,7 @@ import importlib.util
 import os
 import pkgutil
 import platform
+import signal
 import sys
 from collections.abc import Mapping
 from importlib import metadata
@@ -144,4 +145,9 @@ def reexec_with_tuned_malloc() -> None:
             stream.flush()
         except (AttributeError, ValueError, OSError):  # closed or no stream
             pass
+    # Ctrl-C and SIGTERM blocked across the exec (a blocked signal stays pending in the new
+    # image): during the new interpreter's start they printed a KeyboardInterrupt traceback;
+    # now they arrive when its command unblocks them (files.interruptions.
+    # interrupt_exits_at_once), one line and 130 / 143.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
