@@ -7,7 +7,11 @@ stdout, in order. It loads the run's config, tokenizer and a checkpoint
 (`training.run.open_run`): the best one when the run kept one (train.py --keep-best), else
 the latest; --checkpoint last|best|STEP chooses. A seq2seq run translates each line; a
 language-model run continues it (the output is the continuation only; --echo prepends the
-prompt). Decoding is greedy by default, beam search with --beam N, sampling with --sample.
+prompt). With --chat (an imported chat model's run) each line is a user message, with --system
+a system message before it, rendered with the tokenizer's chat template (hf/chat_template.py)
+and the output is the assistant's reply only, cut at the first of the run's end ids (its
+eos_id and the generation config's eos_token_id list; the search itself stops at eos_id).
+Decoding is greedy by default, beam search with --beam N, sampling with --sample.
 Newlines inside a generated text are written as the two characters \\n so that the output
 stays line-aligned.
 
@@ -103,6 +107,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--echo", action="store_true", help="LM runs: print prompt + output")
     parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="each line is a user message, rendered with the tokenizer's chat template; the "
+        "output is the assistant's reply (LM runs of ftx hf import)",
+    )
+    parser.add_argument("--system", metavar="TEXT", help="a system message (needs --chat)")
+    parser.add_argument(
         "--int8", action="store_true", help="int8 weights (per-channel scales; export.int8)"
     )
     parser.add_argument(
@@ -122,6 +133,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--int8 (weight-only) and --quantize int8 (int8 products): pick one")
     if args.checkpoint not in (None, "last", "best") and not args.checkpoint.isdigit():
         parser.error(f"--checkpoint must be last, best or a step number, got {args.checkpoint!r}")
+    if args.system is not None and not args.chat:
+        parser.error("--system needs --chat: without a chat template there is no system turn")
+    if args.chat and args.echo:
+        parser.error("--echo and --chat: a chat reply is printed without the prompt")
     problem = flags_that_do_nothing(args)
     if problem:
         parser.error(problem)
@@ -182,6 +197,21 @@ class Generator:
         self.model, self.tokenizer, self.config = run.model, run.tokenizer, run.config
         self.is_lm = run.model_kind == LM
         self.max_len = self.config.max_len
+        self.chat, self.end_ids = None, {self.tokenizer.eos_id}  # (--chat: chat_mode)
+
+    def chat_mode(self, workdir: Path) -> None:
+        """--chat: prompts through the tokenizer's chat template, replies cut at every end id;
+        ValueError (one line) for a run without a template or not an LM."""
+        from flax_transformer.hf.chat_template import ChatTemplate, reply_end_ids
+        from flax_transformer.training.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
+
+        if not self.is_lm:
+            kind = self.run.model_kind
+            raise ValueError(f"--chat needs a decoder-only LM run; {workdir} is a {kind} run")
+        self.chat = ChatTemplate.of_tokenizer(self.tokenizer)
+        configs = [workdir / HF_CONFIG, workdir / HF_GENERATION_CONFIG]
+        hf_config, generation = (json_or_empty(path) for path in configs)
+        self.end_ids = reply_end_ids(self.tokenizer.eos_id, hf_config, generation)
 
     # ---- text -> tokens
     def encode(self, line: str | bytes, number: int) -> list[int]:
@@ -197,7 +227,7 @@ class Generator:
             raise InputError(f"line {number}: empty input")
         tok = self.tokenizer
         if self.is_lm:
-            ids = [tok.bos_id] + tok.encode(line)
+            ids = self.chat_prompt(line, number) if self.chat else [tok.bos_id] + tok.encode(line)
             room = self.max_len - (self.args.max_new_tokens or 1) + 1
             if len(ids) > room:
                 raise InputError(
@@ -219,6 +249,18 @@ class Generator:
                 f"vocabulary [0, {vocab}) (tokenizer.json and config.json disagree)"
             )
         return ids
+
+    def chat_prompt(self, line: str, number: int) -> list[int]:
+        """--chat: [--system message,] the line as the user's message, with the generation
+        prompt; the template writes the special tokens (a BOS where it has one)."""
+        from flax_transformer.hf.chat_template import ChatTemplateError
+
+        system = [{"role": "system", "content": self.args.system}] if self.args.system else []
+        messages = [*system, {"role": "user", "content": line}]
+        try:
+            return self.chat.prompt_ids(self.tokenizer, messages)
+        except ChatTemplateError as err:
+            raise InputError(f"line {number}: {err}") from None
 
     # ---- tokens -> tokens
     def decode_batch(self, rows: list[list[int]], batch_index: int) -> np.ndarray:
@@ -262,12 +304,19 @@ class Generator:
         prompt prepended for an LM with --echo, and \\r / \\n written as the two characters so that
         each input gives one line."""
         ids = new_tokens.tolist()
-        if self.tokenizer.eos_id in ids:
-            ids = ids[: ids.index(self.tokenizer.eos_id)]
+        ends = [i for i, token in enumerate(ids) if token in self.end_ids]
+        ids = ids[: ends[0]] if ends else ids
         out = self.tokenizer.decode(ids)
         if self.is_lm and self.args.echo:
             out = (prompt.decode("utf-8") if isinstance(prompt, bytes) else prompt) + out
         return out.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def json_or_empty(path: Path) -> dict:
+    """A run's carried Hugging Face JSON file (hf_config.json, ...), {} when there is none."""
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def batches(items: list, size: int) -> Iterator[list]:
@@ -321,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     generator = Generator(run, args)
+    if args.chat:
+        try:
+            generator.chat_mode(args.workdir)
+        except ValueError as err:  # no template, one that does not compile, not an LM run
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if args.int8:  # int8 matrices in memory, dequantised inside the jitted decoder
         from flax_transformer.export.int8 import int8_model, quantize_variables
 

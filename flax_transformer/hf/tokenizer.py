@@ -79,14 +79,30 @@ class HFTokenizer:
 
     kind = "hf"
 
-    def __init__(self, tokenizer, *, pad_id: int, bos_id: int, eos_id: int, vocab_size: int):
+    def __init__(
+        self, tokenizer, *, pad_id: int, bos_id: int, eos_id: int, vocab_size: int,
+        directory: Path | None = None,
+    ):  # fmt: skip
         self._tok = tokenizer
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.vocab_size = vocab_size  # the model's (a tokenizer may know fewer ids)
+        self.directory = directory  # the transformers files (chat_template.py reads them)
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The named special tokens as strings ({"bos_token": ..., "eos_token": ...}): what
+        transformers puts in a chat template's context (`special_tokens_map`)."""
+        return dict(self._tok.special_tokens_map)
 
     def encode(self, text: str) -> list[int]:
         """Token ids without special tokens (the callers add bos / eos where they belong)."""
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode(text)` and each token's (start, end) characters in `text` (a fast
+        tokenizer's offsets, as apply_chat_template's assistant mask reads them)."""
+        out = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(out["input_ids"]), [tuple(pair) for pair in out["offset_mapping"]]
 
     def encode_input(self, text: str) -> list[int]:
         """The ids a model reads for `text` on its own, with the tokenizer's special tokens
@@ -138,4 +154,4 @@ class HFTokenizer:
         missing = [name for name, value in ids.items() if not isinstance(value, int)]
         if missing:
             raise ValueError(f"{path}: missing or non-integer {', '.join(missing)}")
-        return cls(tokenizer, **ids)
+        return cls(tokenizer, **ids, directory=directory)
