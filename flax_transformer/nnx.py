@@ -147,7 +147,8 @@ def loss_fn(model: _Bridged, batch, *, label_smoothing: float = 0.0, determinist
     linen `training.steps.loss_fn`, with the NNX model in place of (params, module)."""
     packed = batch_model_kwargs(batch, model.kind, model.config)  # (a packed batch's masks)
     logits = model(*model_inputs(batch, model.kind), deterministic=deterministic, **packed)
-    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
+    weights = batch.get("tgt_weights")  # (a chat data set's loss mask)
+    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing, weights)
 
 
 def make_train_step(label_smoothing: float = 0.0):

@@ -7,6 +7,7 @@ and a tiny Llama trained briefly to answer in the Llama 3 chat format.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -111,13 +112,11 @@ SENTENCES = [
 VOCAB = 320  # the tiny model's vocabulary: the tokenizer's ids and some unused ones
 
 
-def tokenizer_directory(path: Path, family: str, template: str, where: str = "jinja") -> Path:
-    """A byte-level BPE tokenizer (both families' specials) saved by transformers into `path`
-    with Llama 3's (bos <|begin_of_text|>, eos <|eot_id|>) or Qwen2's (no bos, eos <|im_end|>,
-    pad <|endoftext|>) named tokens and `template`: in chat_template.jinja (where="jinja",
-    transformers 5) or in tokenizer_config.json (where="config", transformers 4)."""
+@functools.lru_cache(maxsize=1)
+def trained_bpe() -> str:
+    """A byte-level BPE of 300 ids trained on SENTENCES with both families' special tokens
+    (ids 0-7), as tokenizers JSON (trained once per process)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -129,11 +128,23 @@ def tokenizer_directory(path: Path, family: str, template: str, where: str = "ji
         show_progress=False,
     )
     tok.train_from_iterator(SENTENCES * 4, trainer)
+    return tok.to_str()
+
+
+def tokenizer_directory(path: Path, family: str, template: str, where: str = "jinja") -> Path:
+    """trained_bpe() saved by transformers into `path` with Llama 3's (bos <|begin_of_text|>,
+    eos <|eot_id|>) or Qwen2's (no bos, eos <|im_end|>, pad <|endoftext|>) named tokens and
+    `template`: in chat_template.jinja (where="jinja", transformers 5) or in
+    tokenizer_config.json (where="config", transformers 4)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     named = (
         dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
         if family == "llama"
         else dict(eos_token="<|im_end|>", pad_token="<|endoftext|>")
     )
+    tok = Tokenizer.from_str(trained_bpe())
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=template, **named)
     wrapped.save_pretrained(path)
     if where == "config":  # as transformers 4 saved it

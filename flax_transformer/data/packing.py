@@ -7,6 +7,7 @@ example), all (rows, length) int32:
 
     src, tgt_in, tgt_out, src_segments, tgt_segments, src_positions, tgt_positions  (seq2seq)
     tgt_in, tgt_out, tgt_segments, tgt_positions                                    (LM)
+    + tgt_weights (float32) when the examples carry loss weights (a chat data set)
 
 From them `packed_model_kwargs` builds what keeps examples apart: encoder self-attention within
 a source segment, decoder self-attention within a target segment and causal, cross-attention
@@ -91,6 +92,9 @@ def pack_examples(dataset, row_indices: list[list[int]], rows: int, length: int,
     rows beyond them are all padding)."""
     names = ["tgt_in", "tgt_out"] + ([] if dataset.src is None else ["src"])
     batch = {name: np.full((rows, length), pad_id, np.int32) for name in names}
+    if getattr(dataset, "tgt_weights", None) is not None:  # padding weighs 0
+        names.append("tgt_weights")
+        batch["tgt_weights"] = np.zeros((rows, length), np.float32)
     sides = ["tgt"] + ([] if dataset.src is None else ["src"])
     for side in sides:
         batch[f"{side}_segments"] = np.zeros((rows, length), np.int32)

@@ -4,9 +4,12 @@ Sequence conventions (byte tokenizer default, pad=0, bos=1, eos=2):
   seq2seq: src = encode(source) + [eos]; tgt_in = [bos] + encode(target);
            tgt_out = encode(target) + [eos]
   LM:      tokens = [bos] + encode(text) + [eos]; tgt_in = tokens[:-1]; tgt_out = tokens[1:]
+  chat:    tokens = the chat template's ids (data/chat.py), shifted as an LM's, and a per-token
+           loss weight tgt_weights (1 on the assistant replies, 0 elsewhere)
 Batches are dicts of int32 numpy arrays padded with pad_id: seq2seq {"src", "tgt_in",
-"tgt_out"}, LM {"tgt_in", "tgt_out"}, all (batch, bucket_len); a classifier's (--task
-classify) {"src" (batch, bucket_len), "labels" (batch,)}.
+"tgt_out"}, LM {"tgt_in", "tgt_out"}, all (batch, bucket_len), and "tgt_weights" (float32, 0
+on padding) when the data set has weights; a classifier's (--task classify) {"src" (batch,
+bucket_len), "labels" (batch,)}.
 """
 
 from __future__ import annotations
@@ -202,6 +205,9 @@ class Dataset:
     tgt_out: list[np.ndarray]
     src: list[np.ndarray] | None  # None for the decoder-only LM
     pairs: list[Pair]
+    # Per target token, its weight in the loss (a chat's assistant replies: 1, the rest: 0);
+    # None: every non-pad target counts (training/steps.py).
+    tgt_weights: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.tgt_in)
@@ -214,7 +220,8 @@ class Dataset:
     def head(self, count: int) -> Dataset:
         """The first `count` examples (all of them when there are fewer)."""
         src = None if self.src is None else self.src[:count]
-        return Dataset(self.tgt_in[:count], self.tgt_out[:count], src, self.pairs[:count])
+        weights = None if self.tgt_weights is None else self.tgt_weights[:count]
+        return Dataset(self.tgt_in[:count], self.tgt_out[:count], src, self.pairs[:count], weights)
 
     def lengths(self) -> np.ndarray:
         """Per example, the longest of its sequences (what its bucket must hold)."""
@@ -351,8 +358,8 @@ def bucket_boundaries(max_len: int, smallest: int = 8) -> list[int]:
 def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: int = 0):
     """Rows `indices` padded to (batch_size, length); missing rows are all padding (weight 0)."""
 
-    def stack(seqs):
-        out = np.full((batch_size, length), pad_id, np.int32)
+    def stack(seqs, fill=pad_id, dtype=np.int32):
+        out = np.full((batch_size, length), fill, dtype)
         for row, i in enumerate(indices):
             tokens = seqs[i]  # (one read of an on-disk row)
             out[row, : len(tokens)] = tokens
@@ -365,6 +372,8 @@ def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: 
     batch = {"tgt_in": stack(dataset.tgt_in), "tgt_out": stack(dataset.tgt_out)}
     if dataset.src is not None:
         batch["src"] = stack(dataset.src)
+    if getattr(dataset, "tgt_weights", None) is not None:  # (an on-disk cache has none)
+        batch["tgt_weights"] = stack(dataset.tgt_weights, 0.0, np.float32)
     return batch
 
 

@@ -171,6 +171,7 @@ def template_messages(messages: Sequence[dict]) -> list[dict]:
 
 
 def first_line(err: BaseException) -> str:
+    """An exception's message as one line (its first), for the one-line errors."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 

@@ -79,7 +79,8 @@ def loss_fn(
     logits = compute_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
     if "labels" in batch:  # a sequence classifier (--task classify): logits (B, num_labels)
         return classifier_loss(logits, batch["labels"], label_smoothing)
-    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing)
+    weights = batch.get("tgt_weights")  # a chat data set's: the loss on the replies only
+    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing, weights)
 
 
 def classifier_loss(logits, labels, label_smoothing: float = 0.0):
@@ -97,11 +98,19 @@ def classifier_loss(logits, labels, label_smoothing: float = 0.0):
     return loss_sum / jnp.maximum(count, 1.0), aux | {"predictions": predictions}
 
 
-def loss_from_logits(logits, targets, pad_id: int, label_smoothing: float = 0.0):
-    """logits (B, T, V), targets (B, T) -> (mean loss over the non-pad targets, aux sums)."""
-    weights = targets != pad_id
+def loss_from_logits(logits, targets, pad_id: int, label_smoothing: float = 0.0, weights=None):
+    """logits (B, T, V), targets (B, T) -> (mean loss over the non-pad targets, aux sums).
+
+    `weights` (B, T), when given, replaces "not pad" as each target's weight (a chat data set's
+    0 / 1 loss mask, 0 on padding): the loss is sum(weight * loss) / sum(weight), "correct"
+    the weighted count of right predictions and "token_count" the weights' sum."""
+    hits = jnp.argmax(logits, axis=-1) == targets
+    if weights is None:
+        weights = targets != pad_id
+        correct = jnp.sum(hits & weights)
+    else:
+        correct = jnp.sum(jnp.where(hits, weights, 0.0))
     loss_sum, count = smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & weights)
     aux = {"loss_sum": loss_sum, "token_count": count, "correct": correct}
     return loss_sum / jnp.maximum(count, 1.0), aux
 
