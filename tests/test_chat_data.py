@@ -247,3 +247,19 @@ def test_loss_is_on_the_weighted_tokens_only_in_float64(tokenizers):
         unweighted = {k: v for k, v in bucketed.items() if k != "tgt_weights"}
         unweighted, _ = loss_of(params, unweighted)
         assert abs(float(unweighted) - expected) > 1e-3
+
+
+def test_a_chat_file_through_the_one_call(tmp_path, tokenizers):
+    _, ours = tokenizers["qwen25"]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
+    dataset = read_finetune_dataset(path, ours, max_len=200)
+    chats = [(m, f"{path}:{i}") for i, m in enumerate(CHATS, start=1)]
+    expected = encode_chats(chats, ours, ChatTemplate.of_tokenizer(ours), max_len=200)
+    for name in ("tgt_in", "tgt_out", "tgt_weights"):
+        for a, b in zip(getattr(dataset, name), getattr(expected, name), strict=True):
+            np.testing.assert_array_equal(a, b)
+    # A tokenizer without a template (here: not loaded from a directory): file and line.
+    bare = HFTokenizer(ours._tok, pad_id=0, bos_id=0, eos_id=0, vocab_size=hf_chat.VOCAB)
+    with pytest.raises(DataError, match=f"^{path}:1: the run's tokenizer .* has no chat template"):
+        read_finetune_dataset(path, bare, max_len=200)

@@ -45,6 +45,41 @@ def finetune_format(path: str | Path) -> str:
     raise DataError(f"JSONL file {path}: the file is empty")
 
 
+def read_finetune_records(path: str | Path, fmt: str | None = None) -> tuple[str, list]:
+    """(format, records) of a fine-tuning file, every line checked: Pairs (documents) for
+    text / jsonl, (messages, "file:line") for chat. `fmt`: None guesses (finetune_format). A
+    command splits the records (e.g. a validation share) before encoding them."""
+    fmt = fmt or finetune_format(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "chat":
+        return fmt, read_chat_jsonl(path)
+    return fmt, corpus.read_records(path, fmt, LM)
+
+
+def encode_finetune_records(
+    records: list, fmt: str, tokenizer, max_len: int, *, template=None, on_long: str = "skip"
+) -> Dataset:
+    """The LM examples (with tgt_weights) of read_finetune_records' records for a model of
+    max_len with `tokenizer` (an HFTokenizer for chat; `template`: its ChatTemplate, read from
+    the tokenizer's directory when None); every id checked against tokenizer.vocab_size.
+    DataError naming the file and line for bad input."""
+    if fmt == "chat":
+        if template is None:
+            from flax_transformer.hf.chat_template import ChatTemplate, ChatTemplateError
+
+            try:
+                template = ChatTemplate.of_tokenizer(tokenizer)
+            except ChatTemplateError as err:
+                raise DataError(f"{records[0][1]}: {err}") from None
+        dataset = encode_chats(records, tokenizer, template, max_len, on_long)
+    else:
+        dataset = encode_documents(records, tokenizer, max_len)
+        dataset.tgt_weights = [np.ones(len(t), np.float32) for t in dataset.tgt_out]
+    check_dataset_ids(dataset, tokenizer.vocab_size)
+    return dataset
+
+
 def read_finetune_dataset(
     path: str | Path,
     tokenizer,
@@ -54,25 +89,9 @@ def read_finetune_dataset(
     template=None,
     on_long: str = "skip",
 ) -> Dataset:
-    """The examples of `path` (format `fmt`, or finetune_format's guess) for a model of
-    max_len with `tokenizer` (an HFTokenizer for chat; `template`: its ChatTemplate, read from
-    the tokenizer's directory when None). Every id is checked against tokenizer.vocab_size.
-    DataError naming the file and line for bad input."""
-    fmt = fmt or finetune_format(path)
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "chat":
-        if template is None:
-            from flax_transformer.hf.chat_template import ChatTemplate, ChatTemplateError
-
-            try:
-                template = ChatTemplate.of_tokenizer(tokenizer)
-            except ChatTemplateError as err:
-                raise DataError(f"chat JSONL file {path}: {err}") from None
-        dataset = encode_chats(read_chat_jsonl(path), tokenizer, template, max_len, on_long)
-    else:
-        documents = corpus.read_records(path, fmt, LM)
-        dataset = encode_documents(documents, tokenizer, max_len)
-        dataset.tgt_weights = [np.ones(len(t), np.float32) for t in dataset.tgt_out]
-    check_dataset_ids(dataset, tokenizer.vocab_size)
-    return dataset
+    """read_finetune_records and encode_finetune_records in one call: all of `path`'s
+    examples."""
+    fmt, records = read_finetune_records(path, fmt)
+    return encode_finetune_records(
+        records, fmt, tokenizer, max_len, template=template, on_long=on_long
+    )
