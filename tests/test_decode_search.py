@@ -133,6 +133,45 @@ def test_lm_greedy_ragged_prompts_equal_each_prompt_alone(lm):
         np.testing.assert_array_equal(tokens, expected, err_msg=f"use_cache={use_cache}")
 
 
+def test_several_eos_ids_end_a_row_at_the_first_of_them(lm):
+    """eos_id as a sequence (a chat model's end-of-turn and end-of-text): greedy rows are the
+    torch loop's rows (cut after eos) cut after the first of them."""
+    model, params, prompts, eos, reference = lm
+    row = next(r for r, tokens in enumerate(reference) if eos not in tokens[:2])
+    other = int(reference[row, 1])  # a token that row chooses early, made an end id too
+    ends = (eos, other)
+    tokens = np.asarray(
+        generate(model, params, prompts, Greedy(), max_new_tokens=N_NEW, eos_id=ends)
+    )
+    for free, out in zip(reference, tokens, strict=True):
+        first = next((i for i, t in enumerate(free) if t in ends), None)
+        expected = free.copy()
+        if first is not None:
+            expected[first + 1 :] = PAD
+        np.testing.assert_array_equal(out, expected)
+    assert (tokens[row, 2:] == PAD).all() and (reference[row, 2:] != PAD).any()  # `other` ended it
+
+
+@pytest.mark.slow  # two beam searches compiled
+def test_several_eos_ids_in_beam_search(lm):
+    model, params, prompts, eos, reference = lm
+    row = next(r for r, tokens in enumerate(reference) if eos not in tokens[:2])
+    other = int(reference[row, 1])
+    ends = (eos, other)
+    beam = functools.partial(generate, model, params, prompts, Beam(3, 0.6), max_new_tokens=N_NEW)
+    one = beam(eos_id=eos)
+    for a, b in zip(one, beam(eos_id=[eos]), strict=True):  # one id as a list: the same search
+        np.testing.assert_array_equal(a, b)
+    seqs, _ = beam(eos_id=ends)
+    finished = 0
+    for seq in np.asarray(seqs).reshape(-1, N_NEW):
+        first = next((i for i, t in enumerate(seq) if t in ends), None)
+        if first is not None:
+            finished += 1
+            assert (seq[first + 1 :] == PAD).all()
+    assert finished > 0 and (np.asarray(seqs) == other).any()
+
+
 # ------------------------------------------------------------------------------ beam search
 
 

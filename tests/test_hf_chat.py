@@ -183,7 +183,8 @@ def test_generate_chat_replies_as_transformers(chat_run, tmp_path, capsys):
     assert prompt == apply_chat_template(tokenizer, messages, add_generation_prompt=True)
     ours = generator.decode_batch([prompt], 0)[0].tolist()
     theirs = hf_chat.transformers_reply(model, tokenizer, messages, 24)
-    assert ours[: len(theirs)] == theirs
+    assert theirs[-1] == eot  # stopped there: so did the engine (pad after)
+    assert ours == theirs + [generator.config.pad_id] * (24 - len(theirs))
 
 
 @pytest.mark.slow  # (shares the imported run above)

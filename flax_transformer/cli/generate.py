@@ -9,8 +9,8 @@ the latest; --checkpoint last|best|STEP chooses. A seq2seq run translates each l
 language-model run continues it (the output is the continuation only; --echo prepends the
 prompt). With --chat (an imported chat model's run) each line is a user message, with --system
 a system message before it, rendered with the tokenizer's chat template (hf/chat_template.py)
-and the output is the assistant's reply only, cut at the first of the run's end ids (its
-eos_id and the generation config's eos_token_id list; the search itself stops at eos_id).
+and the output is the assistant's reply only: the search stops a row at any of the run's end
+ids (its eos_id and the generation config's eos_token_id list, as transformers' generate).
 Decoding is greedy by default, beam search with --beam N, sampling with --sample.
 Newlines inside a generated text are written as the two characters \\n so that the output
 stays line-aligned.
@@ -200,7 +200,7 @@ class Generator:
         self.chat, self.end_ids = None, {self.tokenizer.eos_id}  # (--chat: chat_mode)
 
     def chat_mode(self, workdir: Path) -> None:
-        """--chat: prompts through the tokenizer's chat template, replies cut at every end id;
+        """--chat: prompts through the tokenizer's chat template, rows ended at every end id;
         ValueError (one line) for a run without a template or not an LM."""
         from flax_transformer.hf.chat_template import ChatTemplate, reply_end_ids
         from flax_transformer.training.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
@@ -285,7 +285,7 @@ class Generator:
             self.run.params,
             tokens,
             strategy,
-            eos_id=self.tokenizer.eos_id,
+            eos_id=self.tokenizer.eos_id if len(self.end_ids) == 1 else sorted(self.end_ids),
             rng=rng,
             **kind,
         )

@@ -8,7 +8,8 @@
 `src_mask`; the decoder starts from `bos_id`), or the right-padded prompts (B, P) of a
 `TransformerLM`, each starting with BOS (`lengths` (B,) defaults to the non-pad count). The
 output is the `max_new_tokens` tokens after each prompt, int32 (B, max_new_tokens), the first
-EOS kept and pad after it (`eos_id=None` never stops early); `Beam(K)` returns tokens
+EOS kept and pad after it (`eos_id=None` never stops early; a sequence of ids, e.g. a chat
+model's end-of-turn and end-of-text, stops at any of them); `Beam(K)` returns tokens
 (B, K, max_new_tokens) and scores (B, K), best first. `Sample` needs `rng`: same key, same
 output. `use_cache=False` recomputes every step without the KV cache (the reference).
 
@@ -22,14 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 
 from flax_transformer.decoding.beam_gnmt import GNMTBeam
 from flax_transformer.decoding.cache import make_stepper
 from flax_transformer.decoding.engine import run_search
-from flax_transformer.decoding.inputs import Prompts, Source, decoder_inputs
+from flax_transformer.decoding.inputs import Prompts, Source, decoder_inputs, eos_array
 from flax_transformer.decoding.strategies import Beam, Greedy, Sample, Strategy
 from flax_transformer.decoding.token_search import token_selector
 
@@ -76,7 +77,7 @@ def search(
     themselves, e.g. under a trace with symbolic shapes (jax.export). prefix_len tokens of
     every prompt are prefilled at once (at most the shortest prompt's length)."""
     shape = _Shape(int(max_new_tokens), int(prefix_len), model.config.pad_id, bool(use_cache))
-    eos = jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)  # -1: no EOS, never stops
+    eos = eos_array(eos_id, model.config.tgt_vocab_size)
     return _search(model, variables, prompts, source, strategy, eos, rng, shape)
 
 
@@ -87,7 +88,7 @@ def generate(
     strategy: Strategy = Greedy(),  # noqa: B008 (frozen, so a shared default is safe)
     *,
     max_new_tokens: int,
-    eos_id: int | None,
+    eos_id: int | Sequence[int] | None,
     bos_id: int | None = None,
     lengths=None,
     src_mask=None,

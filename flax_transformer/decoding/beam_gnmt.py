@@ -47,7 +47,7 @@ class GNMTBeam:
 
     prompts: Prompts
     strategy: Beam
-    eos_id: jax.Array  # () int32, -1: none
+    eos_id: jax.Array  # () int32, -1: none; or (V,) bool: several EOS ids (inputs.eos_array)
     max_new_tokens: int
     pad_id: int
 
@@ -89,7 +89,8 @@ class GNMTBeam:
         new_index = pos - prompts.lengths  # (B,)
         writes = jnp.arange(n_new)[None, None, :] == new_index[:, None, None]
         top_seqs = jnp.where(writes, token[:, :, None], gather_beams(hyps.live_seqs, parent))
-        is_eos = (token == eos_id) & ~forced[:, None]  # (B, 2K)
+        is_eos = eos_id[token] if eos_id.ndim else token == eos_id
+        is_eos = is_eos & ~forced[:, None]  # (B, 2K)
         active = (new_index >= 0) & (new_index < n_new)  # (B,) not forced, not past the end
 
         # Finished pool: EOS continuations ranked among the first K, length-normalised.

@@ -46,14 +46,33 @@ class Source:
     mask: jax.Array
 
 
-def check_common(model, max_new_tokens: int, eos_id: int | None) -> None:
-    """ValueError unless `max_new_tokens` is a positive int and `eos_id` (when given) lies inside
-    the model's target vocabulary."""
+def check_common(model, max_new_tokens: int, eos_id) -> None:
+    """ValueError unless `max_new_tokens` is a positive int and `eos_id` (when given: one id or
+    a non-empty sequence of ids) lies inside the model's target vocabulary."""
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     vocab = model.config.tgt_vocab_size
-    if eos_id is not None and not 0 <= eos_id < vocab:
-        raise ValueError(f"eos_id {eos_id} is outside the target vocabulary (size {vocab})")
+    ids = [] if eos_id is None else eos_ids_of(eos_id)
+    if eos_id is not None and not ids:
+        raise ValueError("eos_id is an empty sequence; give None for no EOS")
+    for one in ids:
+        if not 0 <= one < vocab:
+            raise ValueError(f"eos_id {one} is outside the target vocabulary (size {vocab})")
+
+
+def eos_ids_of(eos_id) -> list[int]:
+    """One id or a sequence of ids, as a list of ints."""
+    if isinstance(eos_id, int | np.integer):
+        return [int(eos_id)]
+    return [int(one) for one in eos_id]
+
+
+def eos_array(eos_id, vocab: int) -> jax.Array:
+    """What the selectors trace: () int32 for one id (-1 for None: never stops), or a (vocab,)
+    bool table of the ids for several (a chat model's end ids)."""
+    if eos_id is None or isinstance(eos_id, int | np.integer):
+        return jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)
+    return jnp.zeros((vocab,), bool).at[jnp.asarray(eos_ids_of(eos_id))].set(True)
 
 
 def seq2seq_inputs(model, src, src_mask, max_new_tokens: int, bos_id: int | None):

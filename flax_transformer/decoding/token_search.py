@@ -110,14 +110,15 @@ def token_selector(
     pad_id: int,
 ) -> TokenSelector:  # fmt: skip
     """The project's greedy / sampling search: its output (buffer) is the new tokens only,
-    (B, max_new_tokens), pad-filled; eos_id () int32 traced (-1: no EOS, never stops)."""
+    (B, max_new_tokens), pad-filled; eos_id () int32 traced (-1: no EOS, never stops), or a
+    (V,) bool table of several EOS ids (inputs.eos_array)."""
     batch = prompts.tokens.shape[0]
     return TokenSelector(
         prompts=prompts,
         buffer=jnp.full((batch, max_new_tokens), pad_id, jnp.int32),
         offset=-prompts.lengths,  # column = index among the new tokens
         choose=chooser(strategy),
-        eos=jnp.asarray(eos_id, jnp.int32),
+        eos=eos_id if jnp.asarray(eos_id).dtype == bool else jnp.asarray(eos_id, jnp.int32),
         pad=pad_id,
         n_new=max_new_tokens,
         rng=rng,
