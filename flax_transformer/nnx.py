@@ -35,7 +35,7 @@ from flax_transformer.nn.kinds import init_variables, model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ, check_kind, model_inputs
 from flax_transformer.spec.naming import flatten_params, unflatten_params
-from flax_transformer.training.steps import loss_from_logits
+from flax_transformer.training.steps import batch_loss
 
 
 class _Bridged(nnx.bridge.ToNNX):
@@ -147,8 +147,7 @@ def loss_fn(model: _Bridged, batch, *, label_smoothing: float = 0.0, determinist
     linen `training.steps.loss_fn`, with the NNX model in place of (params, module)."""
     packed = batch_model_kwargs(batch, model.kind, model.config)  # (a packed batch's masks)
     logits = model(*model_inputs(batch, model.kind), deterministic=deterministic, **packed)
-    weights = batch.get("tgt_weights")  # (a chat data set's loss mask)
-    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing, weights)
+    return batch_loss(logits, batch, model.config.pad_id, label_smoothing)
 
 
 def make_train_step(label_smoothing: float = 0.0):

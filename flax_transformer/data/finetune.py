@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from flax_transformer.data import corpus
 from flax_transformer.data.chat import encode_chats, read_chat_jsonl
 from flax_transformer.data.pipeline import DataError, Dataset, check_dataset_ids, encode_documents
@@ -74,8 +72,7 @@ def encode_finetune_records(
                 raise DataError(f"{records[0][1]}: {err}") from None
         dataset = encode_chats(records, tokenizer, template, max_len, on_long)
     else:
-        dataset = encode_documents(records, tokenizer, max_len)
-        dataset.tgt_weights = [np.ones(len(t), np.float32) for t in dataset.tgt_out]
+        dataset = encode_documents(records, tokenizer, max_len)  # (every target weighs 1)
     check_dataset_ids(dataset, tokenizer.vocab_size)
     return dataset
 

@@ -3,7 +3,8 @@
 Sequence conventions (byte tokenizer default, pad=0, bos=1, eos=2):
   seq2seq: src = encode(source) + [eos]; tgt_in = [bos] + encode(target);
            tgt_out = encode(target) + [eos]
-  LM:      tokens = [bos] + encode(text) + [eos]; tgt_in = tokens[:-1]; tgt_out = tokens[1:]
+  LM:      tokens = [bos] + encode(text) + [eos]; tgt_in = tokens[:-1]; tgt_out = tokens[1:],
+           and tgt_weights 1 on every target (the EOS counts even when pad_id == eos_id)
   chat:    tokens = the chat template's ids (data/chat.py), shifted as an LM's, and a per-token
            loss weight tgt_weights (1 on the assistant replies, 0 elsewhere)
 Batches are dicts of int32 numpy arrays padded with pad_id: seq2seq {"src", "tgt_in",
@@ -205,8 +206,9 @@ class Dataset:
     tgt_out: list[np.ndarray]
     src: list[np.ndarray] | None  # None for the decoder-only LM
     pairs: list[Pair]
-    # Per target token, its weight in the loss (a chat's assistant replies: 1, the rest: 0);
-    # None: every non-pad target counts (training/steps.py).
+    # Per target token, its weight in the loss (a chat's assistant replies: 1, the rest: 0;
+    # an LM document's targets: all 1); None (seq2seq): every non-pad target counts
+    # (training/steps.py).
     tgt_weights: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -330,7 +332,10 @@ class LabelledDataset:
 
 
 def encode_documents(docs: list[Pair], tokenizer, max_len: int) -> Dataset:
-    """LM examples; a document longer than max_len is cut into consecutive windows."""
+    """LM examples; a document longer than max_len is cut into consecutive windows. Every
+    target weighs 1 (tgt_weights): the loss counts a window's targets by its length, not by
+    `target != pad_id`, which would drop every EOS target of a model whose pad_id is its
+    eos_id (Llama and Qwen checkpoints name no pad token)."""
     tgt_in, tgt_out, kept = [], [], []
     for doc in docs:
         tokens = [tokenizer.bos_id] + tokenizer.encode(doc.target) + [tokenizer.eos_id]
@@ -339,7 +344,7 @@ def encode_documents(docs: list[Pair], tokenizer, max_len: int) -> Dataset:
             tgt_in.append(np.array(window[:-1], np.int32))
             tgt_out.append(np.array(window[1:], np.int32))
             kept.append(doc)
-    return Dataset(tgt_in, tgt_out, None, kept)
+    return Dataset(tgt_in, tgt_out, None, kept, [np.ones(len(t), np.float32) for t in tgt_out])
 
 
 # ----------------------------------------------------------------------------- batching
@@ -372,7 +377,7 @@ def make_batch(dataset: Dataset, indices, length: int, batch_size: int, pad_id: 
     batch = {"tgt_in": stack(dataset.tgt_in), "tgt_out": stack(dataset.tgt_out)}
     if dataset.src is not None:
         batch["src"] = stack(dataset.src)
-    if getattr(dataset, "tgt_weights", None) is not None:  # (an on-disk cache has none)
+    if getattr(dataset, "tgt_weights", None) is not None:  # (LM and chat examples)
         batch["tgt_weights"] = stack(dataset.tgt_weights, 0.0, np.float32)
     return batch
 

@@ -17,6 +17,10 @@ Format. One directory per (corpus, tokenizer, length policy), under the run dire
                  each file's size and blake2b checksum; written last. A cache whose files
                  differ from the record is never read (find_cache: DamagedCache)
 
+No loss weights are stored: an LM example's targets all weigh 1, so its tgt_weights follow
+from the offsets (WholeTargets), as encode_documents gives them in memory; the EOS target then
+counts even when the model's pad_id is its eos_id.
+
 Why raw numpy files (read with os.pread) rather than Arrow, HDF5 or one .npy per example:
 the loader needs random access to single rows (the epoch plan shuffles), a row is one
 positioned read (os.pread, no parsing; see ArrayFile for why not a memory map), the OS page
@@ -129,25 +133,54 @@ class RaggedTokens:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, index) -> np.ndarray:
+    def _bounds(self, index) -> tuple[int, int]:
+        """(start, end) of row `index` in `tokens`, head and tail left off."""
         index = int(index)
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} of {len(self)}")
         index %= len(self)
         start, end = (int(x) for x in self.offsets.read(index, index + 2))
-        return self.tokens.read(start + self.head, end - self.tail)
+        return start + self.head, end - self.tail
+
+    def __getitem__(self, index) -> np.ndarray:
+        return self.tokens.read(*self._bounds(index))
+
+    def row_length(self, index) -> int:
+        """Row `index`'s length, from its two offsets (no token read)."""
+        start, end = self._bounds(index)
+        return end - start
 
     def lengths(self) -> np.ndarray:
         """Every row's length, vectorised from the offsets (8 bytes an example, read once)."""
         return np.diff(self.offsets.read_all()) - (self.head + self.tail)
 
 
+class WholeTargets:
+    """The tgt_weights of an LM cache, from the lengths it stores: row i is 1 on each of the
+    row's targets, made when asked (no file). A target counts because it is inside its
+    example, not because it differs from pad_id: `target != pad_id` would drop every EOS target
+    of a model whose pad_id is its eos_id (Llama, Qwen); the padding past a row weighs 0
+    (make_batch, pack_examples)."""
+
+    def __init__(self, targets: RaggedTokens):
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index) -> np.ndarray:
+        return np.ones(self.targets.row_length(index), np.float32)
+
+
 class CachedDataset:
     """A training set read lazily from a token cache directory: the `src` / `tgt_in` /
     `tgt_out` rows, len() and lengths() that BatchLoader, plan_batches and make_batch use,
-    like data.Dataset; no text is kept (`pairs` is None)."""
+    like data.Dataset; no text is kept (`pairs` is None). An LM cache's examples carry
+    tgt_weights as encode_documents' do (WholeTargets); a seq2seq cache's none, as
+    encode_pairs' (every non-pad target counts)."""
 
     pairs = None
+    tgt_weights = None
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
@@ -162,6 +195,8 @@ class CachedDataset:
         self.src = None
         if self.meta["key"]["kind"] == SEQ2SEQ:
             self.src = RaggedTokens(load("src.tokens", np.int32), load("src.offsets", np.int64))
+        else:
+            self.tgt_weights = WholeTargets(self.tgt_out)
         self.lines = load("lines", np.int64)
 
     def __len__(self) -> int:

@@ -79,8 +79,15 @@ def loss_fn(
     logits = compute_logits(model, params, batch, deterministic=deterministic, rngs=rngs)
     if "labels" in batch:  # a sequence classifier (--task classify): logits (B, num_labels)
         return classifier_loss(logits, batch["labels"], label_smoothing)
-    weights = batch.get("tgt_weights")  # a chat data set's: the loss on the replies only
-    return loss_from_logits(logits, batch["tgt_out"], model.config.pad_id, label_smoothing, weights)
+    return batch_loss(logits, batch, model.config.pad_id, label_smoothing)
+
+
+def batch_loss(logits, batch, pad_id: int, label_smoothing: float = 0.0):
+    """loss_from_logits of a batch's targets, weighed by its tgt_weights when it has them (LM
+    documents: 1 on every target inside its example, the EOS too when pad_id == eos_id; chat:
+    the replies only), else every non-pad target counts (seq2seq)."""
+    weights = batch.get("tgt_weights")
+    return loss_from_logits(logits, batch["tgt_out"], pad_id, label_smoothing, weights)
 
 
 def classifier_loss(logits, labels, label_smoothing: float = 0.0):
@@ -101,9 +108,10 @@ def classifier_loss(logits, labels, label_smoothing: float = 0.0):
 def loss_from_logits(logits, targets, pad_id: int, label_smoothing: float = 0.0, weights=None):
     """logits (B, T, V), targets (B, T) -> (mean loss over the non-pad targets, aux sums).
 
-    `weights` (B, T), when given, replaces "not pad" as each target's weight (a chat data set's
-    0 / 1 loss mask, 0 on padding): the loss is sum(weight * loss) / sum(weight), "correct"
-    the weighted count of right predictions and "token_count" the weights' sum."""
+    `weights` (B, T), when given, replaces "not pad" as each target's weight (an LM's 1 on
+    every real target, a chat data set's 0 / 1 loss mask; 0 on padding): the loss is
+    sum(weight * loss) / sum(weight), "correct" the weighted count of right predictions and
+    "token_count" the weights' sum."""
     hits = jnp.argmax(logits, axis=-1) == targets
     if weights is None:
         weights = targets != pad_id
