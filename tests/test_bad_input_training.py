@@ -90,6 +90,8 @@ def test_resume_skips_a_damaged_checkpoint_and_deletes_nothing(stopped_run, caps
     assert checkpoint_steps(workdir / "checkpoints") == [4, 6, 8]
     steps = [r["step"] for r in records(workdir) if r["kind"] == "train"]
     assert steps == list(range(1, 9))  # the metrics continue from the checkpoint, no repeats
-    assert json.loads((workdir / "run.json").read_text())["args"]["steps"] == 8  # rewritten
+    assert (
+        json.loads((workdir / "run.json").read_text())["spec"]["training"]["steps"] == 8
+    )  # rewritten
     assert json.loads((workdir / "results.json").read_text())["steps"] == 8
     shutil.rmtree(workdir)

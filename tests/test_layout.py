@@ -43,6 +43,22 @@ ALLOWED = {
     },  # fmt: skip
     "parity": {"files", "spec", "kernels", "nn", "interop", "parity"},
     "export": {"files", "spec", "kernels", "nn", "decoding", "interop", "export"},
+    # The application layer: one spec and one function per workflow (train, ...), over every
+    # library room; the commands call it, it never calls them.
+    "runs": {
+        "files",
+        "spec",
+        "kernels",
+        "nn",
+        "decoding",
+        "interop",
+        "hf",
+        "data",
+        "training",
+        "parity",
+        "export",
+        "runs",
+    },  # fmt: skip
     # The command line sits above every room.
     "cli": None,
 }

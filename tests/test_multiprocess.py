@@ -18,6 +18,7 @@ import pytest
 
 from flax_transformer.cli.launch import free_port
 from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.runs.spec import spec_values
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
@@ -34,6 +35,7 @@ KILL_PROCESS_1 = """
 import os, signal, sys
 import jax
 import train
+from flax_transformer.runs.spec import spec_values
 
 def kill(info):
     if info.event == "step" and info.step == 3 and jax.process_index() == 1:
@@ -144,7 +146,7 @@ def test_two_processes_train_like_one_process_with_two_devices(two_processes, tm
     ]  # fmt: skip
     assert len(list((workdir / "tensorboard").iterdir())) == 1
     assert "[0] trained 4 steps" in output and "[1] trained" not in output
-    saved_flags = json.loads((workdir / "run.json").read_text())["args"]
+    saved_flags = spec_values(json.loads((workdir / "run.json").read_text()))
     assert saved_flags["mesh"] == "data=2"
     assert not {"coordinator", "num_processes", "process_id"} & set(saved_flags)
 

@@ -13,6 +13,7 @@ import pytest
 import train
 from flax_transformer.cli.main import main as ftx
 from flax_transformer.cli.train_flags import parse_args
+from flax_transformer.runs.spec import spec_values
 from flax_transformer.training.averaging import average_params, last_steps
 from flax_transformer.training.evaluation import loss_words, scores_text, short_reference_note
 from flax_transformer.training.run import load_run
@@ -50,7 +51,7 @@ def test_the_paper_recipe_trains_a_few_steps_on_cpu(tmp_path):
     small += ["--max-len", "32", "--bpe-vocab-size", "300", "--batch-tokens", "512"]
     flags = ["--recipe", "paper-base", "--train-tsv", corpus, *small, "--steps", "3"]
     assert train.main([str(f) for f in [*flags, "--workdir", workdir]]) == 0
-    run = json.loads((workdir / "run.json").read_text())["args"]
+    run = spec_values(json.loads((workdir / "run.json").read_text()))
     assert run["recipe"] == "paper-base" and run["schedule"] == "inverse_sqrt"
     assert (run["warmup"], run["label_smoothing"], run["batch_tokens"]) == (4000, 0.1, 512)
     assert json.loads((workdir / "results.json").read_text())["steps"] == 3

@@ -64,9 +64,9 @@ def test_only_run_dir_names_the_run_records():
 
 
 def test_run_json_has_the_same_keys_whoever_writes_it(tmp_path):
-    trained = run_dir.write_run_json(tmp_path, model="seq2seq", tokenizer="byte", args={})
+    trained = run_dir.write_run_json(tmp_path, model="seq2seq", tokenizer="byte", spec={})
     imported = run_dir.write_run_json(
-        tmp_path, model="lm", tokenizer="hf", args={}, carry=["hf_config.json"],
+        tmp_path, model="lm", tokenizer="hf", spec={}, carry=["hf_config.json"],
         imported_from="somewhere",
     )  # fmt: skip
     assert trained.keys() == imported.keys()
@@ -117,8 +117,11 @@ def test_a_partial_config_is_filled_from_the_preset_and_says_so(tmp_path, capsys
     from flax_transformer.data.tokenizer import ByteTokenizer
 
     (tmp_path / "small.json").write_text(json.dumps({"d_model": 32, "num_heads": 2}))
-    args = train.parse_args(["--config", str(tmp_path / "small.json")])
-    config = train.make_config(args, ByteTokenizer(), tmp_path)
+
+    def spec(*argv):  # the TrainSpec of a command line
+        return train.spec_from_args(train.parse_args([str(a) for a in argv]))
+
+    config = train.make_config(spec("--config", tmp_path / "small.json"), ByteTokenizer(), tmp_path)
     small = PRESETS["small"]
     assert config.d_model == 32 and config.num_heads == 2
     for field in ("num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
@@ -127,12 +130,11 @@ def test_a_partial_config_is_filled_from_the_preset_and_says_so(tmp_path, capsys
     assert out.count("come from the small preset") == 1
     assert "small.json sets d_model, num_heads" in out and "num_encoder_layers" in out
     # Another preset fills from itself; a full file says nothing.
-    args = train.parse_args(["--config", str(tmp_path / "small.json"), "--preset", "tiny"])
-    assert train.make_config(args, ByteTokenizer(), tmp_path).d_ff == PRESETS["tiny"]["d_ff"]
+    tiny = spec("--config", tmp_path / "small.json", "--preset", "tiny")
+    assert train.make_config(tiny, ByteTokenizer(), tmp_path).d_ff == PRESETS["tiny"]["d_ff"]
     assert "tiny preset" in capsys.readouterr().out
     config.save(tmp_path / "full.json")
-    train.make_config(train.parse_args(["--config", str(tmp_path / "full.json")]),
-                      ByteTokenizer(), tmp_path)  # fmt: skip
+    train.make_config(spec("--config", tmp_path / "full.json"), ByteTokenizer(), tmp_path)
     assert "preset" not in capsys.readouterr().out
 
 

@@ -286,7 +286,7 @@ def test_resume_records_compatible_settings_and_writes_no_duplicate_record(finis
     out, err = capsys.readouterr()
     assert code == 0, err
     now = run_dir.read_run_json(finished)
-    assert now["args"]["steps"] == 6 and now["args"]["save_every"] == 3
+    assert now["spec"]["training"]["steps"] == 6 and now["spec"]["training"]["save_every"] == 3
     assert now["resumed"] == [{"changed": {"save_every": [2, 3], "steps": [4, 6]}}]
     evals = [r["step"] for r in run_dir.read_metrics(finished) if r["kind"] == "eval"]
     assert evals == sorted(set(evals)) and evals[-1] == 6
@@ -294,19 +294,17 @@ def test_resume_records_compatible_settings_and_writes_no_duplicate_record(finis
 
 
 def test_which_resume_settings_are_compared():
-    from argparse import Namespace
-
-    from flax_transformer.cli.train_flags import UsageError
-    from flax_transformer.cli.train_resume import changed_settings
+    from flax_transformer.runs.resume import changed_settings
+    from flax_transformer.runs.spec import TrainSpec, UsageError
 
     saved = {"task": None, "steps": 4, "d_model": 16, "workdir": None, "mesh": None}
-    now = Namespace(task="reverse", steps=4, d_model=32, workdir="runs/x", mesh="data=2",
-                    new_flag=1)  # fmt: skip
-    # The default task named, the model (checked against config.json), the workdir and a flag
-    # the saved run does not know: not changes. A new mesh: compatible, recorded.
+    now = TrainSpec(task="reverse", steps=4, d_model=32, workdir="runs/x", mesh="data=2",
+                    pack=True)  # fmt: skip
+    # The default task named, the model (checked against config.json), the workdir and a
+    # setting the saved run does not know (pack): not changes. A new mesh: compatible, recorded.
     assert changed_settings(now, saved) == {"mesh": [None, "data=2"]}
     with pytest.raises(UsageError, match="--task copy differs from the run's reverse"):
-        changed_settings(Namespace(task="copy"), saved)
+        changed_settings(TrainSpec(task="copy", steps=4), saved)
 
 
 def test_a_full_disk_while_writing_the_weights(tmp_path, monkeypatch, capsys):

@@ -104,7 +104,7 @@ def test_training_with_batch_tokens_and_a_capped_validation_set(tmp_path, capsys
     results = json.loads((workdir / "results.json").read_text())
     assert (results["valid_examples"], results["decoded_examples"]) == (10, 10)
     run = json.loads((workdir / "run.json").read_text())
-    assert run["args"]["batch_tokens"] == 128
+    assert run["spec"]["training"]["batch_tokens"] == 128
 
 
 def test_a_batch_token_budget_too_small_is_refused_before_anything_is_written(tmp_path, capsys):
@@ -159,7 +159,7 @@ def test_training_with_pack(tmp_path, capsys):
     workdir = tmp_path / "run"
     assert train.main([*TINY, "--pack", "--batch-size", "4", "--workdir", str(workdir)]) == 0
     run = json.loads((workdir / "run.json").read_text())
-    assert run["args"]["pack"] is True
+    assert run["spec"]["training"]["pack"] is True
     results = json.loads((workdir / "results.json").read_text())
     assert np.isfinite(results["valid_loss"])
 

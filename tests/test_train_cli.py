@@ -343,6 +343,9 @@ def test_flag_defaults_are_the_options_defaults_and_the_small_preset():
     import dataclasses
 
     from flax_transformer.data.tokenizer import ByteTokenizer
+    from flax_transformer.runs.checks import bleu_tokenizer, options_from_spec
+    from flax_transformer.runs.spec import TrainSpec
+    from flax_transformer.runs.train import make_config
     from flax_transformer.spec.presets import preset
     from flax_transformer.training.options import DataOptions, TrainOptions, option_fields
 
@@ -357,10 +360,12 @@ def test_flag_defaults_are_the_options_defaults_and_the_small_preset():
     assert without_flag == ["num_examples"]  # every other option is a flag
     # These two default to "chosen for you": the built-in task, and its BLEU tokenizer.
     assert args.task is None and args.bleu_tokenize == "auto"
-    assert train.options_from_args(DataOptions, args, task="reverse") == DataOptions()
-    options = train.options_from_args(TrainOptions, args, bleu_tokenize=train.bleu_tokenizer(args))
+    spec = train.spec_from_args(args)
+    assert spec == TrainSpec()  # the flags' defaults are the spec's
+    assert options_from_spec(DataOptions, spec, task="reverse") == DataOptions()
+    options = options_from_spec(TrainOptions, spec, bleu_tokenize=bleu_tokenizer(spec))
     assert options == dataclasses.replace(TrainOptions(), bleu_tokenize="char")
-    config = train.make_config(args, ByteTokenizer(), Path("unused"))
+    config = make_config(spec, ByteTokenizer(), Path("unused"))
     assert config == preset("small", src_vocab_size=259, tgt_vocab_size=259)
     # --help shows those very defaults.
     text = " ".join(train.build_parser().format_help().split())

@@ -71,7 +71,7 @@ def test_grad_accum_run_ends_with_the_weights_of_the_plain_run(accumulated):
             continue
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-5, err_msg=name)
     run = json.loads((accum / "run.json").read_text())
-    assert run["args"]["grad_accum"] == 4
+    assert run["spec"]["training"]["grad_accum"] == 4
 
 
 def test_bad_grad_accum_names_both_flags(tmp_path, capsys):

@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -132,10 +131,11 @@ def score(args) -> dict:
     """The scores of the test set, with what was scored (examples, checkpoint, decoding)."""
     import jax
 
-    from flax_transformer.cli.train_flags import bleu_tokenizer
     from flax_transformer.data.pipeline import eval_batches
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
+    from flax_transformer.runs.checks import bleu_tokenizer
+    from flax_transformer.runs.spec import TrainSpec, spec_values
     from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
     from flax_transformer.training.run import open_run
     from flax_transformer.training.run_dir import read_run_json
@@ -156,9 +156,9 @@ def score(args) -> dict:
         if args.beam is None
         else Beam(args.beam, 0.6 if args.alpha is None else args.alpha)
     )
-    saved = (read_run_json(args.workdir) or {}).get("args", {})
+    saved = spec_values(read_run_json(args.workdir) or {})
     bleu_tokenize = args.bleu_tokenize or bleu_tokenizer(  # the run's own choice, "auto" resolved
-        types.SimpleNamespace(
+        TrainSpec(
             bleu_tokenize=saved.get("bleu_tokenize", "auto"),
             train_tsv=saved.get("train_tsv"),
             train_jsonl=saved.get("train_jsonl"),

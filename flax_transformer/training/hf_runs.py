@@ -80,7 +80,7 @@ def import_run(hf_dir: str | Path, run_dir: str | Path, dtype: str = "float32") 
             carry.append(HF_GENERATION_CONFIG)
             layout.write_carry_json(staging, HF_GENERATION_CONFIG, model.generation_config)
         layout.write_run_json(
-            staging, model=kind, tokenizer=tokenizer.kind, args={}, carry=carry,
+            staging, model=kind, tokenizer=tokenizer.kind, spec={}, carry=carry,
             imported_from=str(hf_dir),
         )  # fmt: skip
         # Uncompressed: compressing holds a second, encoded copy of the weights while it runs.

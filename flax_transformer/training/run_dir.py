@@ -13,7 +13,8 @@ hf_tokenizer/                   write_tokenizer of an HF tokenizer (hf import) -
                                 tokenizer, hf export; transformers' tokenizer files
 run.json (RUN_JSON)             write_run_json (train, hf import) -> read_run_json: --resume,
                                 --run-config, --init-from, load_run; JSON (model kind,
-                                tokenizer kind, every flag, example counts, carry, imported_from)
+                                tokenizer kind, the run's spec, example counts, carry,
+                                imported_from; "schema": RUN_JSON_SCHEMA)
 hf_config.json,                 write_carry_json (hf import), carry_files (--init-from) ->
 hf_generation_config.json       hf export; Hugging Face JSON
 checkpoints/                    the loop's Checkpointer, hf import -> load_run, --resume; Orbax
@@ -75,6 +76,9 @@ TORCH_WEIGHTS = "torch_model.safetensors"
 BEST_PREFIX = "best_"  # best_flax_params.safetensors, best_torch_model.safetensors
 RESULTS = "results.json"
 LOCK = ".lock"
+# run.json's layout: 2 records the run's spec ("spec", runs/spec.py); 0.2.x wrote the flags
+# ("args") and no schema key (runs/spec.py's spec_values reads both).
+RUN_JSON_SCHEMA = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +101,7 @@ LAYOUT = (
           "transformers' tokenizer files", "hf import"),
     Entry(RUN_JSON, "write_run_json (train, hf import)",
           "read_run_json: --resume, --run-config, --init-from, load_run",
-          "JSON: model kind, tokenizer kind, flags, carry"),
+          "JSON: schema, model kind, tokenizer kind, spec, carry"),
     Entry(HF_CONFIG, "write_carry_json (hf import), carry_files (--init-from)", "hf export",
           "Hugging Face config JSON", "hf import"),
     Entry(HF_GENERATION_CONFIG, "as hf_config.json", "hf export",
@@ -229,23 +233,25 @@ def write_run_json(
     *,
     model: str,
     tokenizer: str,
-    args: dict[str, Any],
+    spec: dict[str, Any],
     train_examples: int | None = None,
     valid_examples: int | None = None,
     carry: list[str] | tuple[str, ...] = (),
     imported_from: str | None = None,
     resumed: list[dict] | tuple[dict, ...] = (),
 ) -> dict[str, Any]:
-    """run.json: the model kind, the tokenizer kind, every flag of the run (what --resume and
-    --run-config read back), the example counts, the carried files (`carry`: copied into a run
+    """run.json (schema RUN_JSON_SCHEMA): the model kind, the tokenizer kind, the run's spec
+    (runs/spec.py's record of it: what --resume and --run-config read back; {} for an
+    import), the example counts, the carried files (`carry`: copied into a run
     started from this one with --init-from), for an import, where it came from, and `resumed`:
-    one record per --resume that changed a flag ({"changed": {flag: [before, after]}}; `args`
-    holds the values now in force). The same keys whoever writes it; returns what was
+    one record per --resume that changed a setting ({"changed": {field: [before, after]}};
+    `spec` holds the values now in force). The same keys whoever writes it; returns what was
     written."""
     info = {
+        "schema": RUN_JSON_SCHEMA,
         "model": model,
         "tokenizer": tokenizer,
-        "args": dict(args),
+        "spec": dict(spec),
         "train_examples": train_examples,
         "valid_examples": valid_examples,
         "carry": list(carry),

@@ -1,4 +1,4 @@
-"""`train --resume` with flags that differ from the run's: refuse what changes the result, record
+"""`train --resume` with settings that differ from the run's: refuse what changes the result, record
 the rest in run.json.
 
 A resumed run takes its flags from run.json, and flags on the command line override them. A
@@ -7,15 +7,16 @@ silently make the run neither the old one nor a new one, so it is refused by nam
 2). The flags in COMPATIBLE change only how long the run goes on, how often it evaluates, saves
 and logs, or where its arrays live; they are applied and written into run.json with a
 "resumed" entry saying what changed. The model flags are checked against config.json
-(cli/train.py make_config).
+(runs/train.py make_config).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from flax_transformer.cli.train_flags import DISTRIBUTED_FLAGS, MODEL_FLAGS, UsageError
+from flax_transformer.runs.spec import MODEL_FLAGS, NOT_RECORDED, TrainSpec, UsageError
 
 # Safe to change on --resume (docs/training.md, "Resume"): the length of the run, the
 # evaluation / checkpoint / logging schedule, what is kept and reported, the device layout.
@@ -34,7 +35,7 @@ COMPATIBLE = (
 )
 # Not settings of the run: where it lives and how this command was started. (The model flags
 # are compared as the config they make, against config.json.)
-NOT_COMPARED = ("workdir", "resume", "run_config", *DISTRIBUTED_FLAGS)
+NOT_COMPARED = ("workdir", *NOT_RECORDED)
 # Flags whose absence (None) means a value: --task means the built-in "reverse" task.
 IMPLIED = {"task": "reverse"}  # (DataOptions.task; options.py loads optax)
 
@@ -52,16 +53,17 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def changed_settings(args, saved_args: dict[str, Any]) -> dict[str, list]:
-    """{flag dest: [saved, now]} for the flags (not the model's) whose value differs from the
-    saved run's; UsageError naming each one that changes the result. A flag the saved run.json
-    does not know (written by an older version) is not compared."""
+def changed_settings(spec: TrainSpec, saved: dict[str, Any]) -> dict[str, list]:
+    """{field: [saved, now]} for the settings (not the model's) whose value differs from the
+    saved run's (`saved`: runs.spec.spec_values of its run.json); UsageError naming each one
+    that changes the result. A field the saved run.json does not know (written by an older
+    version) is not compared."""
     model = {*MODEL_FLAGS, "preset", "config", "dtype"}
     changed, refused = {}, []
-    for name, value in sorted(vars(args).items()):
-        if name in NOT_COMPARED or name in model or name not in saved_args:
+    for name, value in sorted(dataclasses.asdict(spec).items()):
+        if name in NOT_COMPARED or name in model or name not in saved:
             continue
-        before, now = _plain(saved_args[name]), _plain(value)
+        before, now = _plain(saved[name]), _plain(value)
         if name in IMPLIED:  # no value: the default, the same as naming it
             before, now = (IMPLIED[name] if v is None else v for v in (before, now))
         if before == now:

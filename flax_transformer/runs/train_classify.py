@@ -2,7 +2,7 @@
 `text<TAB>label` lines for a sequence classifier fine-tuned from an --init-from encoder run
 (an `ftx hf import` of a BERT, RoBERTa, XLM-RoBERTa or DistilBERT model).
 
-`ClassifyInput` answers what cli/train.py asks of a corpus input (kind, read, datasets,
+`ClassifyInput` answers what runs/train.py asks of a corpus input (kind, read, datasets,
 install, discard) and adds what a classifier needs: the label set (training/classification.py),
 the config's head fields, and the run files that carry the labels (labels.json, and
 hf_config.json with id2label, which `hf export` writes into config.json). The files are read
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flax_transformer.cli.train_flags import UsageError
 from flax_transformer.data.corpus import held_out_indices
 from flax_transformer.data.pipeline import warn_if_validation_is_training
+from flax_transformer.runs.spec import UsageError
 from flax_transformer.spec.kinds import ENCODER
 from flax_transformer.training import classification, run_dir
 
@@ -25,13 +25,13 @@ class ClassifyInput:
 
     kind = ENCODER
 
-    def __init__(self, args, workdir: Path):
-        self.args, self.workdir = args, Path(workdir)
-        self.train_pairs = classification.read_labelled_tsv(args.train_tsv)
-        classification.check_two_labels(self.train_pairs, args.train_tsv)
+    def __init__(self, spec, workdir: Path):
+        self.spec, self.workdir = spec, Path(workdir)
+        self.train_pairs = classification.read_labelled_tsv(spec.train_tsv)
+        classification.check_two_labels(self.train_pairs, spec.train_tsv)
         self.valid_pairs = None
-        if args.valid_tsv:
-            self.valid_pairs = classification.read_labelled_tsv(args.valid_tsv)
+        if spec.valid_tsv:
+            self.valid_pairs = classification.read_labelled_tsv(spec.valid_tsv)
         self.labels: classification.LabelChoice | None = None
         self.hf_config: dict | None = None
 
@@ -44,14 +44,14 @@ class ClassifyInput:
                     "need at least 2 training examples to hold some out for validation; "
                     "pass --valid-tsv"
                 )
-            held = set(held_out_indices(len(self.train_pairs), self.args.seed).tolist())
+            held = set(held_out_indices(len(self.train_pairs), self.spec.seed).tolist())
             pairs = self.train_pairs
             self.valid_pairs = [p for i, p in enumerate(pairs) if i in held]
             self.train_pairs = [p for i, p in enumerate(pairs) if i not in held]
             print(f"held out {len(self.valid_pairs)} of {len(pairs)} examples for validation")
         else:
             warn_if_validation_is_training(self.train_pairs, self.valid_pairs)
-        if self.args.resume:
+        if self.spec.resume:
             names = run_dir.read_labels(self.workdir)
             if names is None:
                 raise UsageError(f"--resume --task classify: {self.workdir} has no labels.json")
@@ -59,7 +59,7 @@ class ClassifyInput:
             self.hf_config = self._read_hf_config(self.workdir)
             what = "run's"
         else:
-            init = Path(self.args.init_from)
+            init = Path(self.spec.init_from)
             init_hf = self._read_hf_config(init)
             id2label = init_hf.get("id2label") if self._has_classifier(init) else None
             labels = (p.target for p in self.train_pairs)

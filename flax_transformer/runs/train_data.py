@@ -1,7 +1,7 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text): checked in a
 streaming pass, tokenized once into the run directory's token cache (data/token_cache.py)
 and read from it lazily; --resume reuses the cache. The built-in tasks stay in memory
-(cli/train.py's load_pairs)."""
+(runs/train.py's load_pairs)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.training.run_dir import TOKENIZER
 
 
-def corpus_source(args):
+def corpus_source(spec):
     """(format, training file, validation format, validation file or None) of the flags, or
     None for a built-in task."""
-    valid = ("jsonl", args.valid_jsonl) if args.valid_jsonl else ("tsv", args.valid_tsv)
-    if args.train_tsv:
-        return "tsv", args.train_tsv, *valid  # (either validation format: check_args)
-    if args.train_jsonl:
-        return "jsonl", args.train_jsonl, *valid
-    if args.lm_text:
-        return "text", args.lm_text, "text", args.lm_valid
+    valid = ("jsonl", spec.valid_jsonl) if spec.valid_jsonl else ("tsv", spec.valid_tsv)
+    if spec.train_tsv:
+        return "tsv", spec.train_tsv, *valid  # (either validation format: check_spec)
+    if spec.train_jsonl:
+        return "jsonl", spec.train_jsonl, *valid
+    if spec.lm_text:
+        return "text", spec.lm_text, "text", spec.lm_valid
     return None
 
 
@@ -32,8 +32,8 @@ class CorpusInput:
     answer), `datasets` finds or builds the token cache, `install` moves a new cache into the
     run directory, `discard` removes a cache that was never installed."""
 
-    def __init__(self, args, source, kind: str):
-        self.args, self.kind = args, kind
+    def __init__(self, spec, source, kind: str):
+        self.spec, self.kind = spec, kind
         self.fmt, self.path, self.valid_fmt, self.valid_path = source
         self.valid_pairs, self.scan, self.held, self.staged = None, None, (), None
         self.key = None
@@ -49,22 +49,22 @@ class CorpusInput:
             self.valid_pairs = corpus.read_records(self.valid_path, self.valid_fmt, valid_kind)
         if not scan:
             return
-        bpe = self.args.tokenizer == "bpe" and not self.args.init_from
+        bpe = self.spec.tokenizer == "bpe" and not self.spec.init_from
         self.scan = corpus.scan_corpus(
             self.path, self.fmt, self._jkind, self.valid_pairs,
-            sample_size=corpus.BPE_SAMPLE_RECORDS if bpe else 0, seed=self.args.seed,
+            sample_size=corpus.BPE_SAMPLE_RECORDS if bpe else 0, seed=self.spec.seed,
         )  # fmt: skip
         if self.scan.overlap:
             print(f"warning: {self.scan.overlap}", file=sys.stderr)
         if not self.valid_path:
             if self.scan.count < 2:
-                from flax_transformer.cli.train_flags import UsageError
+                from flax_transformer.runs.spec import UsageError
 
                 raise UsageError(
                     "need at least 2 training examples to hold some out for validation; "
                     "pass a validation file"
                 )
-            self.held = corpus.held_out_indices(self.scan.count, self.args.seed)
+            self.held = corpus.held_out_indices(self.scan.count, self.spec.seed)
             print(f"held out {len(self.held)} of {self.scan.count} examples for validation")
 
     @property
@@ -85,7 +85,7 @@ class CorpusInput:
         sha = token_cache.tokenizer_fingerprint(tokenizer, saved if saved.exists() else None)
         holdout = None
         if not self.valid_path:
-            holdout = {"seed": self.args.seed, "fraction": corpus.VALID_FRACTION,
+            holdout = {"seed": self.spec.seed, "fraction": corpus.VALID_FRACTION,
                        "cap": corpus.VALID_CAP}  # fmt: skip
         self.key = token_cache.cache_key(
             self.path, self.fmt, self.kind, sha, max_len, on_long, holdout
@@ -137,8 +137,8 @@ class CorpusInput:
             self.staged = None
 
 
-def kind_of(args, fmt: str) -> str:
+def kind_of(spec, fmt: str) -> str:
     """The model kind of a corpus format (a JSONL file says it in its first line)."""
     if fmt == "jsonl":
-        return corpus.jsonl_kind(args.train_jsonl)
+        return corpus.jsonl_kind(spec.train_jsonl)
     return LM if fmt == "text" else SEQ2SEQ

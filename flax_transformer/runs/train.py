@@ -1,0 +1,347 @@
+"""The training workflow: `train(spec, hooks)` reads and checks the data a TrainSpec names,
+writes the run files into its workdir, trains and returns the results (results.json). The
+command line (cli/train.py) builds the spec from its flags, calls `train`, prints the summary
+and maps what went wrong to an exit status."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from flax_transformer.data import pipeline as data_checks
+from flax_transformer.runs.checks import (
+    bleu_tokenizer,
+    check_spec,
+    default_workdir,
+    model_values,
+    options_from_spec,
+    wants_float64,
+)
+from flax_transformer.runs.resume import changed_settings
+from flax_transformer.runs.spec import TrainSpec, UsageError, spec_record, spec_values
+from flax_transformer.runs.workdir import WorkdirLock, has_run, make_workdir, prepare_workdir
+from flax_transformer.training import run_dir
+from flax_transformer.training.run_dir import read_run_json
+
+
+def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=None):
+    """Train the run `spec` describes; `hooks` are step hooks (training/hooks.py: called after
+    every step and evaluation, they may stop the run early). Returns the results (also in
+    results.json), or None on a process other than 0 of a multi-process run. UsageError (a
+    ValueError) for bad settings or input; `warmup_warning` False keeps quiet about a warmup
+    longer than the run (a default the user did not choose)."""
+    from flax_transformer.training.options import (
+        DataOptions,
+        DistributedOptions,
+        TrainOptions,
+        WarmupWarning,
+    )
+
+    started = time.perf_counter() if started is None else started
+    join_processes(options_from_spec(DistributedOptions, spec), spec)
+    check_spec(spec)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = options_from_spec(DataOptions, spec, task=spec.task or DataOptions.task)
+        options = options_from_spec(TrainOptions, spec, bleu_tokenize=bleu_tokenizer(spec))
+    for warning in caught:
+        if issubclass(warning.category, WarmupWarning) and not warmup_warning:
+            continue
+        print(f"warning: {warning.message}", file=sys.stderr)
+    with float64_if(wants_float64(spec)):
+        return run(spec, data, options, tuple(hooks), started)
+
+
+def load_pairs(spec, data):
+    """(model kind, train pairs, valid pairs) of a built-in task (`data`: DataOptions); the
+    corpus files go through runs/train_data.py's CorpusInput and the token cache."""
+    from flax_transformer.data.pipeline import generate_task, held_out
+    from flax_transformer.spec.kinds import SEQ2SEQ
+
+    lengths = (data.task_min_len, data.task_max_len)
+    train = generate_task(data.task, data.task_train_size, spec.seed, *lengths)
+    # A different seed, and nothing seen in training: a true held-out set.
+    valid = held_out(
+        generate_task(data.task, data.task_valid_size, spec.seed + 1_000_003, *lengths), train
+    )
+    return SEQ2SEQ, train, valid
+
+
+def split_off_validation(pairs, seed, fraction=0.05):
+    """Hold out a seeded random `fraction` of `pairs` (at least one) for validation; return (train,
+    valid). UsageError if there are fewer than 2 pairs."""
+    import numpy as np
+
+    if len(pairs) < 2:
+        raise UsageError(
+            "need at least 2 training examples to hold some out for validation; "
+            "pass a validation file"
+        )
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    count = max(1, int(len(pairs) * fraction))
+    chosen = set(order[:count].tolist())
+    train = [p for i, p in enumerate(pairs) if i not in chosen]
+    valid = [p for i, p in enumerate(pairs) if i in chosen]
+    print(f"held out {len(valid)} of {len(pairs)} examples for validation")
+    return train, valid
+
+
+def make_tokenizer(spec, data, workdir: Path, texts):
+    """The run's tokenizer: the workdir's on --resume (and on processes other than 0), the
+    --init-from run's, a BPE trained on `texts()` (a bounded sample of the corpus), or bytes."""
+    from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
+    from flax_transformer.training.distributed import is_primary
+
+    if spec.resume or not is_primary():
+        return run_dir.read_tokenizer(workdir)
+    if spec.init_from:  # the init run's tokenizer, whatever its kind
+        return run_dir.read_tokenizer(Path(spec.init_from))
+    if data.tokenizer == "bpe":
+        return BPETokenizer.train(texts(), vocab_size=data.bpe_vocab_size)
+    return ByteTokenizer()
+
+
+def make_config(spec, tokenizer, workdir: Path, changes=None):
+    """The model config from the preset, --config and flags, with the tokenizer's vocabulary sizes
+    unless --init-from, and `changes` (a classifier's head fields) over it; UsageError on
+    --resume if it differs from the run's saved config.json."""
+    from flax_transformer.spec.config import config_diff
+
+    # The line about a partial --config is said when the run starts, not again on --resume.
+    values = model_values(spec, say=None if spec.resume else print) | dict(changes or {})
+    if not spec.init_from:
+        values.update(
+            src_vocab_size=tokenizer.vocab_size,
+            tgt_vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+        )
+    from flax_transformer.spec.config import TransformerConfig
+
+    config = TransformerConfig.from_dict(values)
+    if spec.resume:
+        diff = config_diff(run_dir.read_config(workdir), config)
+        if diff:
+            described = ", ".join(
+                f"{field}: {saved!r} in the checkpoint, {requested!r} requested"
+                for field, (saved, requested) in diff.items()
+            )
+            raise UsageError(
+                f"--resume: the model config differs from {workdir / run_dir.CONFIG} "
+                f"({described}); resume with the run's own settings or start a new --workdir"
+            )
+    return config
+
+
+def check_token_budget(options, config) -> None:
+    """--batch-tokens must hold a batch of the longest bucket (--max-len), in rows that split
+    into the micro-batches and data-parallel devices: a BatchTokensError (exit 2) before
+    anything is written."""
+    if options.batch_tokens is None:
+        return
+    from flax_transformer.data.pipeline import bucket_boundaries
+    from flax_transformer.data.token_batches import (
+        available_memory,
+        batch_shapes,
+        check_budget_fits,
+    )
+    from flax_transformer.training.sharding import parse_mesh
+
+    data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
+    shapes = batch_shapes(
+        options.batch_tokens, bucket_boundaries(config.max_len), options.grad_accum * data
+    )
+    # A micro-batch (--grad-accum) is what one step holds at a time.
+    micro = [(rows // options.grad_accum, length) for rows, length in shapes]
+    check_budget_fits(options.batch_tokens, micro, config.tgt_vocab_size, available_memory())
+    print(
+        f"--batch-tokens {options.batch_tokens}: {len(shapes)} batch shapes (rows x length) "
+        + ", ".join(f"{rows}x{length}" for rows, length in shapes)
+    )
+
+
+@contextlib.contextmanager
+def float64_if(wanted: bool):
+    """jax_enable_x64 on for a float64 run (before its first array), back as it was after, so
+    that `train` called in a process that goes on (tests, notebooks) leaves JAX as it found it."""
+    if not wanted:
+        yield
+        return
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def join_processes(options, spec: TrainSpec) -> None:
+    """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
+    such a run needs --mesh, over which the batch is split."""
+    from flax_transformer.training.distributed import DistributedError, start, whoami
+
+    try:
+        if start(options) and not spec.mesh:
+            raise UsageError(
+                f"this is {whoami()}: multi-process training needs --mesh spanning every "
+                "process's devices (e.g. --mesh data=N for N devices in all)"
+            )
+    except DistributedError as err:
+        raise UsageError(str(err)) from None
+
+
+def run(spec: TrainSpec, data, options, hooks, started: float) -> dict | None:
+    """Train one run from its checked spec and options: read and check the data, write the run
+    files into the workdir, train, write results.json; the results (None on a process other
+    than 0). UsageError
+    for data that does not fit the flags or the --init-from run, or a workdir in use by another
+    run (process 0 holds the workdir's lock from its first write to the end)."""
+    from flax_transformer.training.distributed import is_primary
+
+    workdir = default_workdir(spec)
+    lock = WorkdirLock(workdir, wanted=is_primary())
+    try:
+        return _train(spec, data, options, hooks, started, workdir, lock)
+    finally:
+        lock.release()
+
+
+def _train(spec, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock):
+    from flax_transformer.runs.train_data import corpus_source
+
+    source = corpus_source(spec)
+    corpus = None
+    if spec.task == "classify":  # --train-tsv of labelled texts (runs/train_classify.py)
+        from flax_transformer.runs.train_classify import ClassifyInput
+
+        corpus = ClassifyInput(spec, workdir)
+    elif source is not None:
+        from flax_transformer.runs.train_data import CorpusInput, kind_of
+
+        corpus = CorpusInput(spec, source, kind_of(spec, source[0]))
+    try:
+        return _train_on(spec, data, options, hooks, started, workdir, lock, corpus)
+    finally:
+        if corpus is not None:
+            corpus.discard()  # a cache built but never installed (the run stopped before)
+
+
+def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
+    """_train with the corpus input (None: a built-in task, in memory)."""
+    from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.spec.kinds import LM, OLD_NAMES
+    from flax_transformer.training.distributed import barrier, is_primary
+    from flax_transformer.training.loop import Job, run_training
+
+    restart = prepare_workdir(workdir, spec.resume)
+    saved = read_run_json(workdir) if spec.resume else None
+    # Settings that differ from the run's: refused by name, or (the compatible ones) recorded.
+    changed = changed_settings(spec, spec_values(saved)) if saved else {}
+    barrier("workdir checked")  # by every process, before process 0 writes into it
+    # Read and check all input before writing anything into the workdir.
+    if corpus is None:
+        kind, train_pairs, valid_pairs = load_pairs(spec, data)
+        data_checks.warn_if_validation_is_training(train_pairs, valid_pairs)
+    else:  # a corpus file: a streaming pass (none on --resume or on processes other than 0)
+        kind = corpus.kind
+        corpus.read(scan=not spec.resume and is_primary())
+    # The init run's run.json, read once: its model kind and the files it carries.
+    init_run = (read_run_json(Path(spec.init_from)) or {}) if spec.init_from else {}
+    if spec.init_from and not spec.resume:
+        init_kind = init_run.get("model")
+        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
+        if init_kind not in (None, kind):
+            raise UsageError(
+                f"--init-from {spec.init_from} holds a {init_kind} model; the data "
+                f"given trains a {kind} model"
+            )
+    if not (spec.resume or is_primary()):
+        barrier("run files written")  # the other processes use process 0's tokenizer
+    tokenizer = make_tokenizer(spec, data, workdir, corpus.bpe_texts if corpus else None)
+    classify = spec.task == "classify"
+    config = make_config(spec, tokenizer, workdir, corpus.config_changes() if classify else None)
+    check_token_budget(options, config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if corpus is not None:
+            train_set, valid_set = corpus.datasets(
+                tokenizer, config.max_len, data.on_long, workdir, is_primary()
+            )
+        elif kind == LM:
+            train_set = encode_documents(train_pairs, tokenizer, config.max_len)
+            valid_set = encode_documents(valid_pairs, tokenizer, config.max_len)
+        else:
+            train_set = encode_pairs(train_pairs, tokenizer, config.max_len, data.on_long)
+            valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    for dataset in (train_set, valid_set):
+        vocab = min(config.src_vocab_size, config.tgt_vocab_size)
+        if hasattr(dataset, "check_ids"):  # a token cache
+            dataset.check_ids(vocab)
+        else:
+            check_dataset_ids(dataset, vocab)
+    # The first write: every input has been read and checked. The lock is taken here (a second
+    # run on the workdir stops here, having written nothing; a refused command never touches
+    # it), and a new run checks again that no run finished in the workdir meanwhile.
+    make_workdir(workdir, lock)
+    # (Only process 0 writes the run files; the others find them there by design.)
+    if not spec.resume and is_primary() and has_run(workdir):
+        raise UsageError(
+            f"--workdir {workdir} already holds a run (written while this command read its "
+            "input); pass --resume to continue it, or choose another --workdir"
+        )
+    if corpus is not None and is_primary():
+        corpus.install(workdir, train_set)
+    carried = list(saved.get("carry", [])) if saved else []
+    resumed = list(saved.get("resumed", [])) if saved else []
+    if changed:
+        resumed.append({"changed": changed})
+        print(
+            "--resume with "
+            + ", ".join(
+                f"--{k.replace('_', '-')} {new} (was {old})" for k, (old, new) in changed.items()
+            )
+            + f": recorded in {workdir / run_dir.RUN_JSON}"
+        )
+    if is_primary() and (not spec.resume or saved is None or changed):
+        if not spec.resume:
+            run_dir.write_config(workdir, config)
+            run_dir.write_tokenizer(workdir, tokenizer)
+            if spec.init_from:
+                carried = run_dir.carry_files(spec.init_from, init_run.get("carry", []), workdir)
+            if classify:  # labels.json, and hf_config.json with them
+                corpus.write_run_files(workdir)
+        run_dir.write_run_json(
+            workdir,
+            model=kind,
+            tokenizer=tokenizer.kind,
+            spec=spec_record(spec),
+            train_examples=len(train_set),
+            valid_examples=len(valid_set),
+            carry=carried,
+            imported_from=saved.get("imported_from") if saved else None,
+            resumed=resumed,
+        )
+    if not spec.resume and is_primary():
+        barrier("run files written")  # the others wait for it before reading the tokenizer
+    print(
+        f"{kind} model: d_model {config.d_model}, {config.num_encoder_layers}+"
+        f"{config.num_decoder_layers} layers, {config.dtype} compute / {config.param_dtype} "
+        f"parameters, {len(train_set)} training / {len(valid_set)} "
+        f"validation examples, {tokenizer.kind} tokenizer (vocab {tokenizer.vocab_size}), "
+        f"workdir {workdir}"
+    )
+    job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
+              resume=spec.resume and not restart, restarted=restart,
+              labels=corpus.labels if classify else None)  # fmt: skip
+    results = run_training(job, hooks)
+    if not is_primary():
+        return None  # process 0 writes the results
+    results["wall_time_s"] = time.perf_counter() - started
+    run_dir.write_results(workdir, results)
+    return results
