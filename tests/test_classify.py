@@ -243,3 +243,11 @@ def test_fine_tune_export_and_transformers_predict_the_same(imported, tmp_path, 
     assert [label for label, _ in rows] == expected
     ours = np.array([float(p) for _, p in rows])
     np.testing.assert_allclose(ours, probabilities.max(-1), atol=1e-4)  # (printed to 4 places)
+    # --json: one record a line, the probability unrounded.
+    argv = ["--workdir", str(workdir), "--input", str(tmp_path / "texts.txt"), "--json"]
+    assert classify_main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["label"] for r in records] == expected
+    np.testing.assert_allclose(
+        [r["probability"] for r in records], probabilities.max(-1), atol=1e-5
+    )

@@ -137,6 +137,36 @@ def test_bad_lines_are_reported_and_keep_alignment(seq2seq_run, monkeypatch, cap
     assert "line 3" in err and "longer than the model's max_len 24" in err
 
 
+def test_json_lines_one_record_an_input_line(seq2seq_run, monkeypatch, capsys, tmp_path):
+    code, out, err = run_cli(
+        ["--workdir", str(seq2seq_run), "--max-new-tokens", str(N_NEW), "--json"],
+        "abc\n\nhello\n",  # the bad line keeps its place, empty
+        monkeypatch,
+        capsys,
+    )
+    records = [json.loads(line) for line in out]
+    assert code == 2 and "line 2: empty input" in err
+    assert [r["line"] for r in records] == [1, 2, 3] and records[1]["output"] == ""
+    assert records[0]["output"] and records[2]["output"]
+    # --json OUT: the text lines on stdout, the records in the file.
+    code, text, _ = run_cli(
+        [
+            "--workdir",
+            str(seq2seq_run),
+            "--max-new-tokens",
+            str(N_NEW),
+            "--json",
+            str(tmp_path / "o"),
+        ],
+        "abc\n\nhello\n",
+        monkeypatch,
+        capsys,
+    )
+    assert text == [r["output"] for r in records]
+    written = (tmp_path / "o").read_text().splitlines()
+    assert [json.loads(line) for line in written] == records
+
+
 def test_bad_workdirs_and_flags(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nope"
     code, _, err = run_cli(["--workdir", str(missing)], "abc\n", monkeypatch, capsys)

@@ -3,6 +3,7 @@ distributed flags of train.py, cluster detection, and which rows of a batch a pr
 (The trained multi-process runs are in test_multiprocess.py.)"""
 
 import io
+import json
 import sys
 import time
 
@@ -273,3 +274,12 @@ def test_each_process_loads_exactly_its_rows_of_the_global_batches():
             np.testing.assert_array_equal(np.concatenate([p[name] for p in parts]), batch[name])
     assert short  # some batches had padding rows, and they were split the same way
     assert halves[1].state() == whole.state()  # checkpoints hold the same position
+
+
+def test_json_holds_stdout_alone_and_the_lines_go_to_stderr(capsys):
+    child = "print('hello', flush=True)\n"
+    assert launch.main(["--processes", "2", "--json", "--", sys.executable, "-c", child]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result == {"command": [sys.executable, "-c", child], "processes": 2, "exit_status": 0}
+    assert "[0] hello" in captured.err and "[launch] all 2 processes" in captured.err

@@ -5,6 +5,8 @@ frictions: a partial --config, --dtype, plain logs, warnings once, a resume with
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import re
 import subprocess
@@ -43,9 +45,18 @@ def param_dtypes(tree) -> set[str]:
 def float32_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("runs") / "f32"
     seen = []
-    code = train.main([*TINY, "--workdir", str(workdir)], hooks=[seen.append])
+    stdout = io.StringIO()  # --json: the results alone on stdout (test_train_json)
+    with contextlib.redirect_stdout(stdout):
+        code = train.main([*TINY, "--workdir", str(workdir), "--json"], hooks=[seen.append])
     assert code == 0
+    (workdir.parent / "stdout.json").write_text(stdout.getvalue())
     return workdir, seen
+
+
+def test_train_json_is_the_results_alone_on_stdout(float32_run):
+    workdir, _ = float32_run
+    printed = json.loads((workdir.parent / "stdout.json").read_text())
+    assert printed == run_dir.read_results(workdir) and printed["steps"] == 2
 
 
 # ----------------------------------------------------------------------------- one writer

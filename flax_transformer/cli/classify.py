@@ -21,6 +21,7 @@ import numpy as np
 
 from flax_transformer.cli.flags import flag_type
 from flax_transformer.cli.generate import InputError, batches, read_lines
+from flax_transformer.cli.output import JSON_LINES_HELP, add_json_flag, emit_lines
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line
 from flax_transformer.spec.kinds import ENCODER
@@ -46,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=32,
         help="texts per forward pass (default: %(default)s)",
     )
+    add_json_flag(parser, JSON_LINES_HELP)
     return parser.parse_args(argv)
 
 
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RunLoadError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    outputs, errors, good = [], [], []
+    outputs, errors, good, found = [], [], [], {}
     for number, line in enumerate(read_lines(args.input), start=1):
         try:
             good.append((len(outputs), classifier.encode(line, number)))
@@ -143,10 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         labelled = classifier.classify([ids for _, ids in chunk])
         for (index, _), (label, probability) in zip(chunk, labelled, strict=True):
             outputs[index] = f"{label}\t{probability:.4f}"
+            found[index] = (label, probability)
     for message in errors:
         print(f"error: {message}; an empty line is written in its place", file=sys.stderr)
-    for out in outputs:
-        print(out)
+    records = [  # a bad line: nulls in its place
+        {"line": number, "label": None, "probability": None}
+        for number in range(1, len(outputs) + 1)
+    ]
+    for index, (label, probability) in found.items():
+        records[index].update(label=label, probability=float(probability))
+    emit_lines(records, outputs, args.json)
     return 2 if errors else 0
 
 

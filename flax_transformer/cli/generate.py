@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.cli.flags import flag_type
+from flax_transformer.cli.output import JSON_LINES_HELP, add_json_flag, emit_lines
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line, split_lines
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
@@ -128,6 +129,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="which checkpoint: the latest, the best (ftx train --keep-best) or a step number "
         "(default: best when the run kept one, else last)",
     )
+    add_json_flag(parser, JSON_LINES_HELP)
     args = parser.parse_args(argv)
     if args.int8 and args.quantize:
         parser.error("--int8 (weight-only) and --quantize int8 (int8 products): pick one")
@@ -403,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     outputs, errors = generate(read_lines(args.input), generator, args.batch_size)
     for message in errors:
         print(f"error: {message}; an empty line is written in its place", file=sys.stderr)
-    for out in outputs:
-        print(out)
+    records = [{"line": number, "output": out} for number, out in enumerate(outputs, start=1)]
+    emit_lines(records, outputs, args.json)  # (a bad line: "" in its place, as in the text)
     return 2 if errors else 0  # bad input lines: exit status 2, like every bad input
 
 

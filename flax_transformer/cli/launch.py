@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from flax_transformer.cli.output import add_json_flag, emit
 from flax_transformer.cli.process import exit_process
 
 USES_JAX = False  # it starts processes that do (cli/process.import_command)
@@ -67,6 +68,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         metavar="SECONDS",
         help="after a failure, how long the others get to stop before SIGKILL "
         "(default: %(default)s)",
+    )
+    add_json_flag(
+        parser,
+        "the command, the process count and the exit status as JSON: alone (or `--json -`) on "
+        "stdout, the processes' lines on stderr; `--json OUT` also writes it to the file OUT",
     )
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
@@ -319,9 +325,14 @@ def main(argv=None) -> int:
         print(f"error: {problem}; nothing was started", file=sys.stderr)
         return 2
     try:
-        return launch(
-            command, args.processes, args.devices_per_process, args.grace, output=args.output
+        # --json alone: stdout holds the JSON only; the processes' lines go to stderr.
+        out = sys.stderr if args.json == "-" else None
+        code = launch(
+            command, args.processes, args.devices_per_process, args.grace, out, args.output
         )
+        result = {"command": command, "processes": args.processes, "exit_status": code}
+        emit(result, (), args.json)
+        return code
     except KeyboardInterrupt:  # the processes were stopped on the way out (launch's finally)
         print("[launch] interrupted (Ctrl-C); every process was stopped", file=sys.stderr)
         return 130

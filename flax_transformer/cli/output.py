@@ -19,6 +19,11 @@ JSON_HELP = (
     "`--json OUT` also writes it to the file OUT"
 )
 
+JSON_LINES_HELP = (
+    "one JSON object an input line (JSON Lines): alone (or `--json -`) on stdout instead of "
+    "the readable lines; `--json OUT` also writes them to the file OUT"
+)
+
 
 def add_json_flag(parser: argparse.ArgumentParser, help: str = JSON_HELP) -> None:
     """The --json flag of a command (see the module docstring)."""
@@ -42,6 +47,22 @@ def emit(result: dict, lines: Iterable[str], json_to: str | None) -> None:
     """Print `lines` (or, with --json / --json -, `result` as JSON instead); with --json OUT
     also write `result` to OUT."""
     text = json.dumps(result, indent=2, default=str) + "\n"
+    if json_to == "-":
+        print(text, end="")
+        return
+    for line in lines:
+        print(line)
+    if json_to:
+        from flax_transformer.files.atomic_io import atomic_write_text
+
+        atomic_write_text(json_to, text)
+
+
+def emit_lines(records: list[dict], lines: list[str], json_to: str | None) -> None:
+    """A command that answers line by line (generate, classify): print `lines` (or, with --json
+    / --json -, `records` as JSON Lines instead: one object a line); with --json OUT also
+    write the records to OUT as JSON Lines."""
+    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     if json_to == "-":
         print(text, end="")
         return
