@@ -31,12 +31,16 @@ def add_option_flags(group, options_class, names, **overrides) -> None:
     and choices come from the field; `overrides` maps a name to argparse keywords to change."""
     from flax_transformer.cli.flags import flag_type
     from flax_transformer.spec.validate import Float, Int
-    from flax_transformer.training.options import argparse_keywords, option_fields, rule_of
+    from flax_transformer.training.options import option_fields, rule_of
 
     fields = option_fields(options_class)
     for name in names:
         field = fields[name]
-        kwargs = {"default": field.default, **argparse_keywords(field)}
+        # The field's metadata but its rule: help, choices, type, metavar.
+        kwargs = {
+            "default": field.default,
+            **{k: v for k, v in field.metadata.items() if k != "rule"},
+        }
         if field.default is not None:  # None: the help says what happens without the flag
             kwargs["help"] += " (default: %(default)s)"
         rule = rule_of(field)

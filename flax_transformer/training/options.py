@@ -2,10 +2,10 @@
 
 `TrainOptions` is what the loop needs (optimizer, schedule, batching, checkpoints, logging);
 `DataOptions` is how train.py makes its data (built-in task sizes, tokenizer, long pairs).
-Each field is `option(default, help, rule, **argparse keywords)`, so train.py builds its flags
-from these classes (`--batch-size` is the field `batch_size`) and no default is written twice;
-the rule (spec/validate.py: type, finiteness, range) checks the field here and the flag's value
-at parse time.
+Each field is `option(default, help, rule, **flag keywords)`, so the training command builds
+its flags from these classes (`--batch-size` is the field `batch_size`) and no default is
+written twice; the rule (spec/validate.py: type, finiteness, range) checks the field here and
+the flag's value at parse time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ BLEU_TOKENIZERS = ("13a", "char", "zh", "intl", "none")
 
 
 def option(default: Any, help: str, rule: Rule | None = None, **flag: Any) -> Any:
-    """A dataclass field carrying its help text, its value rule and extra argparse keywords
-    (e.g. choices; a field with choices needs no rule)."""
+    """A dataclass field carrying its help text, its value rule and extra keywords for its
+    command-line flag (e.g. choices, metavar; a field with choices needs no rule)."""
     return dataclasses.field(default=default, metadata={"help": help, "rule": rule, **flag})
 
 
@@ -46,11 +46,6 @@ def rule_of(field: dataclasses.Field) -> Rule:
     if field.metadata.get("choices") is not None:
         return Choice(tuple(field.metadata["choices"]), optional=field.default is None)
     return Text()
-
-
-def argparse_keywords(field: dataclasses.Field) -> dict[str, Any]:
-    """The argparse keywords stored with a field (its metadata without the rule)."""
-    return {k: v for k, v in field.metadata.items() if k != "rule"}
 
 
 def _check(options) -> None:
