@@ -16,16 +16,15 @@ failed export leaves nothing behind, and an existing non-empty --out is replaced
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from flax_transformer.cli.flags import one_run_dir
 from flax_transformer.cli.output import add_json_flag, emit
-from flax_transformer.export.output import ExportError, check_float32, check_output_dir
+from flax_transformer.export.output import ExportError, check_output_dir
 from flax_transformer.files.interruptions import one_line_failures
-
-FORMATS = ("stablehlo", "onnx", "torch-int8")
-PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
+from flax_transformer.runs.export import FORMATS, PLATFORMS, ExportSpec, export
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,48 +88,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def export_run(run, args: argparse.Namespace, directory: Path) -> dict:
-    """Writes the chosen format's files into `directory`; returns the manifest."""
-    if args.format != "stablehlo":
-        check_float32(run.config, args.format)  # before torch is imported
-    if args.format == "stablehlo":
-        from flax_transformer.export.stablehlo import default_max_new_tokens, export_stablehlo
-
-        n = args.max_new_tokens or default_max_new_tokens(run.config, run.model_kind)
-        return export_stablehlo(
-            run, directory, max_new_tokens=n, int8=args.int8, platforms=args.platforms
-        )
-    if args.format == "onnx":
-        from flax_transformer.export.onnx_graphs import export_onnx
-
-        return export_onnx(run, directory, opset=args.opset)
-    from flax_transformer.export.torch_int8 import export_torch_int8
-
-    return export_torch_int8(run, directory)
-
-
 @one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.export` / `ftx export`: write the chosen format
     into --out (staged, so a failure leaves no half directory); exit status 2 for a run that
     cannot be loaded or exported, else 0."""
     args = parse_args(argv)
-    from flax_transformer.export.output import staged_output
-    from flax_transformer.training.run import RunLoadError, open_run
+    from flax_transformer.training.run import RunLoadError
 
+    fields = {f.name for f in dataclasses.fields(ExportSpec)}
+    spec = ExportSpec(**{k: v for k, v in vars(args).items() if k in fields})
     try:
-        run = open_run(args.run_dir, args.checkpoint)
-    except RunLoadError as err:
+        result = export(spec)
+    except (RunLoadError, ExportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    try:
-        with staged_output(args.out, args.force) as directory:
-            manifest = export_run(run, args, directory)
-    except ExportError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    files = [entry["file"] for entry in manifest["files"].values()]
-    result = {"format": args.format, "output": str(args.out),
-              "files": [*files, "manifest.json", "tokenizer.json"]}  # fmt: skip
     emit(result, [f"{args.format}: {args.out} ({', '.join(result['files'])})"], args.json)
     return 0

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import warnings
 from pathlib import Path
 
 from flax_transformer.cli.flags import flag_type
@@ -27,6 +25,7 @@ from flax_transformer.cli.output import add_json_flag
 from flax_transformer.cli.process import exit_process
 from flax_transformer.files.atomic_io import OutputPathError, atomic_write_text, check_output_path
 from flax_transformer.files.interruptions import one_line_failures
+from flax_transformer.runs.score import ScoreSpec, score
 from flax_transformer.spec.validate import Float, Int
 
 
@@ -86,103 +85,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_params(args, run):
-    """(params, which): the run's loaded checkpoint, or the average of its last N."""
-    if args.average_last is None:
-        return run.params, {"checkpoint": run.checkpoint, "step": run.step}
-    from flax_transformer.training.averaging import average_params, last_steps
-
-    steps = last_steps(args.workdir, args.average_last)
-    params = average_params(args.workdir, run.config, run.model_kind, steps)
-    return params, {"checkpoint": "average", "steps": steps}
-
-
-def read_test_set(args, run):
-    """The encoded test set (all of it; pairs over max_len skipped with a warning)."""
-    from flax_transformer.data.pipeline import (
-        encode_documents,
-        encode_pairs,
-        read_text_lines,
-        read_tsv,
-    )
-
-    if run.model_kind == "encoder":  # a classifier's test set is labels, not translations
-        what = "a sequence classifier" if run.config.head.startswith("sequence") else "an encoder"
-        raise ValueError(
-            f"{args.workdir} is {what} run; `ftx score` scores translation and language-model "
-            "runs. Label a test set with `ftx classify --workdir RUN --input FILE` (a "
-            "classifier's accuracy and macro-F1 are in its training log, valid_* lines)"
-        )
-    if args.test_text is not None:
-        if run.model_kind != "lm":
-            raise ValueError(f"{args.workdir} is a {run.model_kind} run; give --test-tsv")
-        return encode_documents(read_text_lines(args.test_text), run.tokenizer, run.config.max_len)
-    if run.model_kind == "lm":
-        raise ValueError(f"{args.workdir} is a language-model run; give --test-text")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dataset = encode_pairs(read_tsv(args.test_tsv), run.tokenizer, run.config.max_len)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    return dataset
-
-
-def score(args) -> dict:
-    """The scores of the test set, with what was scored (examples, checkpoint, decoding)."""
-    import jax
-
-    from flax_transformer.data.pipeline import eval_batches
-    from flax_transformer.decoding import Beam, Greedy
-    from flax_transformer.nn.kinds import model_for
-    from flax_transformer.runs.checks import bleu_tokenizer
-    from flax_transformer.runs.spec import TrainSpec, spec_values
-    from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
-    from flax_transformer.training.run import open_run
-    from flax_transformer.training.run_dir import read_run_json
-    from flax_transformer.training.steps import make_eval_step
-
-    run = open_run(args.workdir, args.checkpoint)
-    params, which = load_params(args, run)
-    dataset = read_test_set(args, run)
-    model = model_for(run.config, run.model_kind)
-    pad = run.tokenizer.pad_id
-    batches = eval_batches(dataset, args.batch_size, run.config.max_len, pad)
-    loss = evaluate_loss(jax.jit(make_eval_step(model, 0.0)), params["params"], batches)
-    scores = {"examples": len(dataset), **which, "loss": loss["loss"]}
-    if run.model_kind == "lm":
-        return scores | {"perplexity": float(math.exp(min(loss["loss"], 50.0)))}
-    strategy = (
-        Greedy()
-        if args.beam is None
-        else Beam(args.beam, 0.6 if args.alpha is None else args.alpha)
-    )
-    saved = spec_values(read_run_json(args.workdir) or {})
-    bleu_tokenize = args.bleu_tokenize or bleu_tokenizer(  # the run's own choice, "auto" resolved
-        TrainSpec(
-            bleu_tokenize=saved.get("bleu_tokenize", "auto"),
-            train_tsv=saved.get("train_tsv"),
-            train_jsonl=saved.get("train_jsonl"),
-        )
-    )
-    decoded = evaluate_decoding(
-        model, params["params"], dataset, run.tokenizer, batch_size=args.batch_size,
-        max_len=run.config.max_len, bleu_tokenize=bleu_tokenize, strategy=strategy,
-    )  # fmt: skip
-    decoding = "greedy" if args.beam is None else f"beam {strategy.size}, alpha {strategy.alpha}"
-    return (
-        scores
-        | {
-            "token_accuracy": loss["token_accuracy"],
-            "bleu": decoded.bleu,
-            "chrf": decoded.chrf,
-            "exact_match": decoded.exact_match,
-            "decoding": decoding,
-            "bleu_tokenize": bleu_tokenize,
-        }
-        | ({"bleu_note": decoded.bleu_note} if decoded.bleu_note else {})
-    )
-
-
 @one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ftx score`: print the test set's scores (or write them as JSON); exit
@@ -190,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     from flax_transformer.training.checkpoint import CheckpointReadError
 
     args = parse_args(argv)
+    spec = ScoreSpec(**{k: v for k, v in vars(args).items() if k != "json"})
     try:
-        scores = score(args)
+        scores = score(spec)
     except (ValueError, CheckpointReadError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
