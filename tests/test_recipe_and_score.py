@@ -12,8 +12,9 @@ import pytest
 
 import train
 from flax_transformer.cli.main import main as ftx
-from flax_transformer.cli.train_flags import parse_args
-from flax_transformer.runs.spec import spec_values
+from flax_transformer.cli.train_flags import parse_args, spec_from_args
+from flax_transformer.runs.spec import TrainSpec, spec_values
+from flax_transformer.runs.train import train as run_training
 from flax_transformer.training.averaging import average_params, last_steps
 from flax_transformer.training.evaluation import loss_words, scores_text, short_reference_note
 from flax_transformer.training.run import load_run
@@ -62,7 +63,15 @@ def trained(tmp_path_factory):
     """A tiny reverse-task run with checkpoints at steps 2, 4 and 6, and a test TSV."""
     root = tmp_path_factory.mktemp("score")
     workdir = root / "run"
-    assert train.main([*TINY, "--task", "reverse", "--workdir", str(workdir)]) == 0
+    # From Python, without a command line: the spec of the flags TINY, the results returned.
+    spec = TrainSpec(task="reverse", task_min_len=2, task_max_len=6, task_train_size=300,
+                     task_valid_size=16, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                     max_len=16, batch_size=8, warmup=2, dropout=0.0, steps=6, save_every=2,
+                     eval_every=100, keep_checkpoints=3, workdir=str(workdir))  # fmt: skip
+    flags = [*TINY, "--task", "reverse", "--workdir", str(workdir)]
+    assert spec == spec_from_args(parse_args(flags))
+    results = run_training(spec)
+    assert json.loads(json.dumps(results)) == json.loads((workdir / "results.json").read_text())
     test = root / "test.tsv"
     test.write_text("abc\tcba\nhello\tolleh\nxy\tyx\n")
     return workdir, test

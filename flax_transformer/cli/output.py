@@ -46,16 +46,7 @@ def check_json_path(parser: argparse.ArgumentParser, json_to: str | None, inputs
 def emit(result: dict, lines: Iterable[str], json_to: str | None) -> None:
     """Print `lines` (or, with --json / --json -, `result` as JSON instead); with --json OUT
     also write `result` to OUT."""
-    text = json.dumps(result, indent=2, default=str) + "\n"
-    if json_to == "-":
-        print(text, end="")
-        return
-    for line in lines:
-        print(line)
-    if json_to:
-        from flax_transformer.files.atomic_io import atomic_write_text
-
-        atomic_write_text(json_to, text)
+    _emit(json.dumps(result, indent=2, default=str) + "\n", lines, json_to)
 
 
 def emit_lines(records: list[dict], lines: list[str], json_to: str | None) -> None:
@@ -63,6 +54,10 @@ def emit_lines(records: list[dict], lines: list[str], json_to: str | None) -> No
     / --json -, `records` as JSON Lines instead: one object a line); with --json OUT also
     write the records to OUT as JSON Lines."""
     text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    _emit(text, lines, json_to)
+
+
+def _emit(text: str, lines: Iterable[str], json_to: str | None) -> None:
     if json_to == "-":
         print(text, end="")
         return
