@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.cli.flags import flag_type
-from flax_transformer.cli.generate import InputError, batches, read_lines
+from flax_transformer.cli.generate import read_lines
 from flax_transformer.cli.output import JSON_LINES_HELP, add_json_flag, emit_lines
 from flax_transformer.files.interruptions import one_line_failures
 from flax_transformer.files.text_lines import LineDecodeError, decode_line
+from flax_transformer.runs.generate import InputError, batches
 from flax_transformer.spec.kinds import ENCODER
 from flax_transformer.spec.validate import Int
 

@@ -7,4 +7,6 @@ outcome to an exit status; nothing here knows of argparse.
 - train.py: `train(spec, hooks) -> results`; train_data.py, train_classify.py: its inputs
 - workdir.py: the run directory before training (writable, one run, the lock)
 - resume.py: --resume with settings that differ from the run's
+- generate.py: GenerateOptions, prepare(run, options) -> Generator, generate_lines
+- score.py: score(ScoreSpec) -> scores; export.py: export(ExportSpec) -> what was written
 """
