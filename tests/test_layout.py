@@ -243,3 +243,21 @@ def test_every_public_name_resolves(package):
         assert getattr(module, name) is not None, f"{package}.{name}"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         module.nope  # noqa: B018
+
+
+def test_no_argparse_below_the_commands():
+    """Flags are parsed in cli/ only: the workflows (runs/) and the library rooms take typed
+    specs and options, never an argparse Namespace (so nothing below cli/ imports argparse)."""
+    offenders = []
+    for path in library_modules():
+        if path.relative_to(PACKAGE).parts[0] == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if "argparse" in names:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
