@@ -69,6 +69,16 @@ CELLS = {
     "sliding_window": dict(sliding_window=3),
     "sliding_window_from_layer": dict(sliding_window=3, sliding_window_from_layer=1),
     "tied_head": dict(tie_output=True),
+    # Gemma's (1, 2, 3)
+    "norm_weight_offset": dict(norm_weight_offset=True, qk_norm=True, attention_head_dim=10),
+    "attention_logit_softcap": dict(attention_logit_softcap=0.2),
+    "final_logit_softcap": dict(final_logit_softcap=0.05),
+    "attention_scale_dim": dict(attention_scale_dim=2.0),
+    "sliding_window_pattern": dict(sliding_window=3, sliding_window_pattern="sf"),
+    "rope_local_theta": dict(
+        sliding_window=3, sliding_window_pattern="fs", rope_local_theta=50.0, **YARN
+    ),
+    "sublayer_output_norm": dict(sublayer_output_norm=True),
 }
 
 
@@ -119,6 +129,13 @@ SWITCHED_OFF = dict(
     sliding_window=None,
     sliding_window_from_layer=0,
     qk_norm=False,
+    norm_weight_offset=False,
+    attention_logit_softcap=None,
+    final_logit_softcap=None,
+    attention_scale_dim=None,
+    sliding_window_pattern=None,
+    rope_local_theta=None,
+    sublayer_output_norm=False,
 )
 NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 
@@ -159,6 +176,39 @@ def test_sliding_window_from_layer_changes_which_layers_slide():
     every = TransformerLM(cfg.replace(sliding_window_from_layer=0))
     out = np.asarray(every.apply(params, tokens, mask=mask, positions=positions))[real]
     assert np.max(np.abs(out - flax)) > 1e-3
+
+
+def test_the_sliding_pattern_and_the_local_rope_base_each_matter():
+    """Gemma 2/3's local / global layers: the pattern's own layers slide (every layer sliding
+    gives other logits), and the sliding layers turn by their own base (the global base
+    everywhere gives other logits)."""
+    rng = np.random.default_rng(0)
+    cfg = config(**CELLS["rope_local_theta"])
+    flax, _, (_, params, tokens, mask, positions, real) = both_logits(cfg, rng)
+    for changed in (dict(sliding_window_pattern="s"), dict(rope_local_theta=None)):
+        other = TransformerLM(cfg.replace(**changed))
+        out = np.asarray(other.apply(params, tokens, mask=mask, positions=positions))[real]
+        assert np.max(np.abs(out - flax)) > 1e-3, changed
+
+
+def test_gemma_switches_are_checked():
+    with pytest.raises(ValueError, match="sliding_window_pattern must be letters 's'"):
+        config(sliding_window=3, sliding_window_pattern="sx")
+    with pytest.raises(ValueError, match="exclude each other"):
+        config(sliding_window=3, sliding_window_pattern="sf", sliding_window_from_layer=1)
+    with pytest.raises(ValueError, match="rope_local_theta needs positional='rotary'"):
+        config(positional="learned", rope_local_theta=10.0)
+    with pytest.raises(ValueError, match="attention_logit_softcap must be"):
+        config(attention_logit_softcap=0.0)
+
+
+def test_offset_norms_start_at_the_identity_scale():
+    """An offset norm's weight initialises to 0 (1 + 0): both twins' fresh models compute what
+    the plain norm with its weight at 1 does."""
+    cfg = config(norm_weight_offset=True)
+    params = TransformerLM(cfg).init(jax.random.PRNGKey(0), np.zeros((1, 4), np.int32))
+    assert not np.any(params["params"]["decoder"]["norm"]["scale"])
+    assert not torch.any(tr.TransformerLM(cfg).decoder.norm.weight)
 
 
 def test_tied_head_has_no_lm_head_and_mqa_one_kv_head():
@@ -246,12 +296,30 @@ def test_rope_scaling_needs_its_parameters():
 DECODING_CELLS = {
     "gqa_window_from_layer": dict(num_kv_heads=2, sliding_window=3, sliding_window_from_layer=1),
     "mqa_yarn_qk_norm": dict(YARN, num_kv_heads=1, qk_norm=True, attention_head_dim=10),
+    # Gemma 2/3: local (window 3, own rope base) and global layers, soft-capping, out norms.
+    "gemma_local_global": dict(
+        YARN,
+        num_kv_heads=2,
+        sliding_window=3,
+        sliding_window_pattern="sf",
+        rope_local_theta=50.0,
+        attention_logit_softcap=0.5,
+        final_logit_softcap=0.5,
+        attention_scale_dim=6.0,
+        sublayer_output_norm=True,
+        norm_weight_offset=True,
+        qk_norm=True,
+    ),  # fmt: skip
 }
 
 
 @pytest.mark.parametrize(
     "name",
-    ["gqa_window_from_layer", pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow)],
+    [
+        "gqa_window_from_layer",
+        "gemma_local_global",
+        pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow),
+    ],
 )
 def test_cached_decoding_is_the_full_forward(name):
     """Token by token through the KV cache (a right-aligned layout: each row's tokens at its

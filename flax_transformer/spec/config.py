@@ -12,7 +12,7 @@ from typing import Any
 
 from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.spec.kinds import ENCODER, LM, check_kind
-from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
+from flax_transformer.spec.validate import Bool, Choice, Float, Int, Text, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -143,6 +143,20 @@ class TransformerConfig:
     # in the layers from sliding_window_from_layer on (Qwen2's max_window_layers); None: all.
     sliding_window: int | None = None
     sliding_window_from_layer: int = 0
+    # Switches of Gemma-lineage decoders (Gemma 1/2/3; docs/hf.md).
+    # RMS norms multiply by 1 + weight (the weights stored as offsets from 1, initialised to 0).
+    norm_weight_offset: bool = False
+    # Which layers slide: one letter per layer, cycled over the layers ("s" sliding, "f" full
+    # attention; Gemma 2: "sf", Gemma 3: "sssssf"); None: sliding_window_from_layer's rule.
+    sliding_window_pattern: str | None = None
+    rope_local_theta: float | None = None  # the sliding layers' own rope base, unscaled (Gemma 3)
+    # q.k is divided by sqrt(attention_scale_dim), not sqrt(head_dim) (query_pre_attn_scalar).
+    attention_scale_dim: float | None = None
+    attention_logit_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)
+    final_logit_softcap: float | None = None  # output logits -> cap * tanh(logits / cap)
+    # norm_first blocks also normalise each sublayer's output before the residual add
+    # (`attn_out_norm`, `ffn_out_norm`: Gemma 2/3's post-attention / post-feed-forward norms).
+    sublayer_output_norm: bool = False
 
     def __post_init__(self) -> None:
         problems = field_problems(self, FIELD_RULES)
@@ -288,7 +302,33 @@ def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
             )
     if cfg.rope_scaling != "default" and cfg.positional != "rotary" and "positional" not in bad:
         problems.append(f"rope_scaling {cfg.rope_scaling!r} needs positional='rotary'")
+    if cfg.rope_local_theta is not None and cfg.positional != "rotary" and "positional" not in bad:
+        problems.append("rope_local_theta needs positional='rotary'")
+    pattern = cfg.sliding_window_pattern
+    if pattern is not None and "sliding_window_pattern" not in bad:
+        if not pattern or set(pattern) - {"s", "f"}:
+            problems.append(
+                "sliding_window_pattern must be letters 's' (sliding) and 'f' (full attention), "
+                f"one per layer (cycled), got {pattern!r}"
+            )
+        if cfg.sliding_window_from_layer:
+            problems.append(
+                "sliding_window_pattern and sliding_window_from_layer exclude each other: the "
+                "pattern names every layer"
+            )
     return problems
+
+
+def sliding_layer(config: TransformerConfig, layer: int) -> bool:
+    """Whether layer `layer` (0-based) is a sliding-window (local) layer: its letter of
+    config.sliding_window_pattern (cycled), else from sliding_window_from_layer on; never
+    without config.sliding_window."""
+    if config.sliding_window is None:
+        return False
+    pattern = config.sliding_window_pattern
+    if pattern is not None:
+        return pattern[layer % len(pattern)] == "s"
+    return layer >= config.sliding_window_from_layer
 
 
 # ----------------------------------------------------------------------------- validation
@@ -360,6 +400,13 @@ FIELD_RULES = {
     "qk_norm": Bool(),
     "sliding_window": Int(min=1, optional=True, why="(None = no window)"),
     "sliding_window_from_layer": Int(min=0),
+    "norm_weight_offset": Bool(),
+    "sliding_window_pattern": Text(optional=True),
+    "rope_local_theta": Float(gt=0.0, optional=True),
+    "attention_scale_dim": Float(gt=0.0, optional=True),
+    "attention_logit_softcap": Float(gt=0.0, optional=True),
+    "final_logit_softcap": Float(gt=0.0, optional=True),
+    "sublayer_output_norm": Bool(),
 }
 
 

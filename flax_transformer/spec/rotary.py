@@ -28,6 +28,14 @@ import math
 import numpy as np
 
 
+def layer_rope(config, sliding: bool):
+    """The config whose rotary fields a layer turns by: a sliding layer's own unscaled base
+    (config.rope_local_theta, Gemma 3's rope_local_base_freq) where one is set, else `config`."""
+    if not sliding or config.rope_local_theta is None:
+        return config
+    return config.replace(rope_theta=config.rope_local_theta, rope_scaling="default")
+
+
 def _default(theta, dim: int) -> np.ndarray:
     return 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
 
