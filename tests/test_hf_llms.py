@@ -14,6 +14,7 @@ trained by transformers once per session, on a left-padded ragged batch:
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import jax
@@ -81,6 +82,12 @@ IGNORED = {
     "mistral_window": [dict(sliding_window=None)],
     "qwen2_biases_yarn_window_tied": [dict(sliding_window=None), dict(rope_scaling="default")],
     "llama_mqa_llama3_tied": [dict(rope_scaling="default")],
+    "gemma2_softcap_local_global": [
+        dict(attention_logit_softcap=None),
+        dict(final_logit_softcap=None),
+        dict(sliding_window_pattern="s"),  # every layer local: the pattern ignored
+    ],
+    "gemma3_local_rope": [dict(rope_local_theta=None), dict(sliding_window_pattern="f")],
 }
 
 
@@ -136,7 +143,14 @@ def test_transformers_4_config_layout_reads_as_the_5_layout(llms, tmp_path):
 
 
 def hf_generate(torch_model, ids, mask, **kwargs) -> np.ndarray:
-    with torch.no_grad():
+    """transformers' generate; a float64 model with its float32 parts in float64
+    (hf_llms.float64_norms_and_rotary: Gemma 2's float32 softmax gives NaN on left-padded
+    rows of a float64 model)."""
+    from flax_transformer.hf.config import hf_to_config
+
+    config = hf_to_config(torch_model.config.to_dict())[0]
+    patch = hf_llms.float64_norms_and_rotary(config)
+    with torch.no_grad(), patch if torch_model.dtype == torch.float64 else contextlib.nullcontext():
         out = torch_model.generate(
             torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), **kwargs
         )

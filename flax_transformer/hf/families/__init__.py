@@ -13,6 +13,9 @@ from flax_transformer.hf.families.bart import BART
 from flax_transformer.hf.families.bert import BERT
 from flax_transformer.hf.families.distilbert import DISTILBERT
 from flax_transformer.hf.families.family import Family, FusedQKV, UnsupportedConfigError
+from flax_transformer.hf.families.gemma import GEMMA
+from flax_transformer.hf.families.gemma2 import GEMMA2
+from flax_transformer.hf.families.gemma3 import GEMMA3_TEXT
 from flax_transformer.hf.families.gpt2 import GPT2
 from flax_transformer.hf.families.llama import LLAMA
 from flax_transformer.hf.families.marian import MARIAN
@@ -25,7 +28,7 @@ from flax_transformer.hf.families.t5 import T5
 
 FAMILIES: tuple[Family, ...] = (
     *(MARIAN, BART, MBART, GPT2, T5, BERT, ROBERTA, DISTILBERT),
-    *(LLAMA, MISTRAL, QWEN2, QWEN3),
+    *(LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3_TEXT),
 )
 _BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 MODEL_TYPES: tuple[str, ...] = tuple(_BY_MODEL_TYPE)
