@@ -293,6 +293,18 @@ def _config(model_type: str, **changes) -> dict:
             "sliding layers after full ones only",
         ),
         (_config("mistral", layer_types=["full_attention"] * 3), "layer_types"),
+        (_config("gemma2", layer_types=["sliding_attention"] * 2), "must list 3"),
+        (_config("gemma", use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (
+            _config(
+                "gemma3_text",
+                rope_parameters=dict(
+                    full_attention=dict(rope_type="default", rope_theta=1e6),
+                    sliding_attention=dict(rope_type="linear", factor=2.0, rope_theta=1e4),
+                ),
+            ),
+            "only rope_type 'default' is supported for the local layers",
+        ),
     ],
 )
 def test_configs_these_families_cannot_express_are_named(config, message):
@@ -323,6 +335,26 @@ def test_config_switches_of_each_family():
     assert (yarn.rope_factor, yarn.rope_original_max_len) == (4.0, 16)  # 64 / 16
     big = read("llama", max_position_embeddings=131072)
     assert big.max_len == 65536  # Llama 3.1's length, capped at MAX_LEN_LIMIT
+    gemma = read("gemma", hidden_act="gelu")  # GemmaConfig's legacy "gelu" is the tanh one
+    assert (gemma.activation, gemma.head_dim, gemma.tie_output) == ("gelu_tanh", 256, True)
+    assert gemma.norm_weight_offset and gemma.scale_embeddings and not gemma.sublayer_output_norm
+    gemma2 = read("gemma2")  # Gemma2Config's defaults: sliding first, caps 50 / 30
+    assert (gemma2.sliding_window_pattern, gemma2.sliding_window) == ("sfs", 4096)
+    assert (gemma2.attention_logit_softcap, gemma2.final_logit_softcap) == (50.0, 30.0)
+    assert gemma2.attention_scale_dim == 256 and gemma2.sublayer_output_norm
+    gemma3 = read("gemma3_text", num_hidden_layers=7, rope_theta=1e5, rope_local_base_freq=20.0)
+    assert gemma3.sliding_window_pattern == "sssssfs"  # every 6th global (transformers 4 file)
+    assert (gemma3.rope_theta, gemma3.rope_local_theta, gemma3.qk_norm) == (1e5, 20.0, True)
+    assert gemma3.attention_logit_softcap is None and gemma3.final_logit_softcap is None
+    nested = read(
+        "gemma3_text",
+        num_hidden_layers=7,
+        rope_parameters=dict(
+            full_attention=dict(rope_type="default", rope_theta=1e5),
+            sliding_attention=dict(rope_type="default", rope_theta=20.0),
+        ),
+    )
+    assert nested == gemma3  # transformers 5's per-layer-type rope_parameters
     llama = read("llama", eos_token_id=[5, 7], tie_word_embeddings=True)
     assert (llama.eos_id, llama.pad_id, llama.tie_output, llama.kv_heads) == (5, 5, True, 2)
 

@@ -15,7 +15,7 @@ from flax_transformer.hf.families.distilbert import DISTILBERT
 from flax_transformer.hf.families.family import Family, FusedQKV, UnsupportedConfigError
 from flax_transformer.hf.families.gemma import GEMMA
 from flax_transformer.hf.families.gemma2 import GEMMA2
-from flax_transformer.hf.families.gemma3 import GEMMA3_TEXT
+from flax_transformer.hf.families.gemma3_text import GEMMA3_TEXT
 from flax_transformer.hf.families.gpt2 import GPT2
 from flax_transformer.hf.families.llama import LLAMA
 from flax_transformer.hf.families.marian import MARIAN
