@@ -140,7 +140,16 @@ SWITCHED_OFF = dict(
 NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+# Gemma's cells run in the slow pass (the fast suite's budget; tests/test_hf_llms.py checks
+# their family against transformers in the fast one).
+GEMMA_CELLS = ("norm_weight_offset", "attention_logit_softcap", "final_logit_softcap")
+GEMMA_CELLS += ("attention_scale_dim", "sliding_window_pattern", "rope_local_theta")
+GEMMA_CELLS += ("sublayer_output_norm",)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in GEMMA_CELLS else n for n in CELLS]
+)
 def test_switch_in_both_twins_and_it_changes_the_function(name):
     """Flax and torch agree at 1e-12; the same weights with the switch off give other logits
     (a switch both twins ignored would pass the parity check)."""
@@ -178,6 +187,7 @@ def test_sliding_window_from_layer_changes_which_layers_slide():
     assert np.max(np.abs(out - flax)) > 1e-3
 
 
+@pytest.mark.slow
 def test_the_sliding_pattern_and_the_local_rope_base_each_matter():
     """Gemma 2/3's local / global layers: the pattern's own layers slide (every layer sliding
     gives other logits), and the sliding layers turn by their own base (the global base
@@ -203,12 +213,24 @@ def test_gemma_switches_are_checked():
 
 
 def test_offset_norms_start_at_the_identity_scale():
-    """An offset norm's weight initialises to 0 (1 + 0): both twins' fresh models compute what
-    the plain norm with its weight at 1 does."""
-    cfg = config(norm_weight_offset=True)
-    params = TransformerLM(cfg).init(jax.random.PRNGKey(0), np.zeros((1, 4), np.int32))
-    assert not np.any(params["params"]["decoder"]["norm"]["scale"])
-    assert not torch.any(tr.TransformerLM(cfg).decoder.norm.weight)
+    """An offset norm's weight initialises to 0 (1 + 0): in both twins a fresh one computes
+    what the plain norm with its weight at 1 does."""
+    from flax_transformer.nn.layers import RMSNorm
+    from torch_reference.attention import RMSNorm as RMSNormTwin
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 6))
+    with jax.enable_x64(True):
+        offset = RMSNorm(weight_offset=True, dtype="float64", param_dtype="float64")
+        params = offset.init(jax.random.PRNGKey(0), x)
+        plain = RMSNorm(dtype="float64", param_dtype="float64")
+        ones = plain.init(jax.random.PRNGKey(0), x)
+        assert not np.any(params["params"]["scale"]) and np.all(ones["params"]["scale"] == 1)
+        flax = np.asarray(offset.apply(params, x))
+        assert_close(flax, np.asarray(plain.apply(ones, x)), **F64, what="offset norm at init")
+    twin = RMSNormTwin(6, 1e-6, weight_offset=True).double()
+    assert not torch.any(twin.weight)
+    with torch.no_grad():
+        assert_close(twin(torch.from_numpy(x)).numpy(), flax, **F64, what="torch offset norm")
 
 
 def test_tied_head_has_no_lm_head_and_mqa_one_kv_head():
@@ -317,7 +339,7 @@ DECODING_CELLS = {
     "name",
     [
         "gqa_window_from_layer",
-        "gemma_local_global",
+        pytest.param("gemma_local_global", marks=pytest.mark.slow),
         pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow),
     ],
 )
