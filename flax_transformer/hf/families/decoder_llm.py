@@ -225,6 +225,7 @@ def config_switches(hf: HFConfig, problems: list[str], defaults: dict) -> dict:
 
 
 def renames(hf: HFConfig) -> tuple[tuple[str, str], ...]:
+    """(transformers' name, this project's) of every weight of these decoders."""
     attention = "model.layers.{i}.self_attn."
     ours = "decoder.layers.{i}."
     return (
