@@ -79,6 +79,15 @@ CELLS = {
         sliding_window=3, sliding_window_pattern="fs", rope_local_theta=50.0, **YARN
     ),
     "sublayer_output_norm": dict(sublayer_output_norm=True),
+    # Phi-3's: half of each head turned (4 of 8 dims), longrope past 8 tokens
+    "rotary_fraction": dict(rotary_fraction=0.5, attention_head_dim=8, rope_theta=50.0),
+    "rope_longrope": dict(
+        rope_scaling="longrope",
+        rope_original_max_len=8,
+        rope_factor=4.0,
+        rope_short_factors=(1.0, 1.5, 3.0),
+        rope_long_factors=(2.0, 5.0, 11.0),
+    ),
 }
 
 
@@ -136,6 +145,7 @@ SWITCHED_OFF = dict(
     sliding_window_pattern=None,
     rope_local_theta=None,
     sublayer_output_norm=False,
+    rotary_fraction=1.0,
 )
 NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 
@@ -144,7 +154,7 @@ NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 # their family against transformers in the fast one).
 GEMMA_CELLS = ("norm_weight_offset", "attention_logit_softcap", "final_logit_softcap")
 GEMMA_CELLS += ("attention_scale_dim", "sliding_window_pattern", "rope_local_theta")
-GEMMA_CELLS += ("sublayer_output_norm",)
+GEMMA_CELLS += ("sublayer_output_norm", "rotary_fraction")
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,8 @@ def rotary_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> 
     if config.rope_scaling == "dynamic":
         seq_len = int(positions.max()) + 1
         inv_freq = rotary.dynamic_frequencies(config, seq_len, np)
+    elif config.rope_scaling == "longrope":
+        inv_freq = rotary.longrope_frequencies(config, int(positions.max()) + 1, np)
     else:
         inv_freq = rotary.inverse_frequencies(config)
     inv_freq = torch.from_numpy(np.asarray(inv_freq, np.float64)).to(angle_dtype)
@@ -90,7 +92,11 @@ def rotary_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> 
 
 
 def rotate(x, cos, sin):
-    """x (batch, heads, len, head_dim) turned by (cos, sin) (batch | 1, len, head_dim)."""
+    """x (batch, heads, len, head_dim) turned by (cos, sin) (batch | 1, len, rotary_dim) on
+    its first rotary_dim dims; the rest pass through."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat([rotate(x[..., :width], cos, sin), x[..., width:]], dim=-1)
     half = x.shape[-1] // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None] + turned * sin[:, None]

@@ -12,7 +12,7 @@ from typing import Any
 
 from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.spec.kinds import ENCODER, LM, check_kind
-from flax_transformer.spec.validate import Bool, Choice, Float, Int, Text, field_problems
+from flax_transformer.spec.validate import Bool, Choice, Float, Floats, Int, Text, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -21,7 +21,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # positions instead (Llama, Mistral, Qwen; spec/rotary.py, the rope_* fields).
 POSITIONALS = ("sinusoidal", "learned", "none", "rotary")
 # How the rotary frequencies are scaled (transformers' rope_type): spec/rotary.py.
-ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 # "layer": LayerNorm (mean subtracted, bias when use_bias); "rms": RMSNorm (no mean, no bias).
 NORM_TYPES = ("layer", "rms")
 # interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
@@ -157,8 +157,20 @@ class TransformerConfig:
     # norm_first blocks also normalise each sublayer's output before the residual add
     # (`attn_out_norm`, `ffn_out_norm`: Gemma 2/3's post-attention / post-feed-forward norms).
     sublayer_output_norm: bool = False
+    # Switches of Phi-3. Rotary positions turn only the first rotary_fraction of each head's
+    # dims (partial_rotary_factor), the rest pass through.
+    rotary_fraction: float = 1.0
+    # longrope: each frequency divided by its own factor, from rope_short_factors while a
+    # call's sequence (its largest position + 1) fits rope_original_max_len, else from
+    # rope_long_factors; cos / sin times the attention factor (rope_attention_factor, else
+    # from rope_factor).
+    rope_short_factors: tuple[float, ...] | None = None
+    rope_long_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("rope_short_factors", "rope_long_factors"):  # JSON gives lists
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = field_problems(self, FIELD_RULES)
         checked = not any(p.split()[0] in ("d_model", "num_heads") for p in problems)
         if checked and self.attention_head_dim is None and self.d_model % self.num_heads:
@@ -291,7 +303,7 @@ def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
     if cfg.positional == "rotary" and not fields & bad and cfg.head_dim % 2:
         problems.append(f"positional 'rotary' needs an even head_dim, got {cfg.head_dim}")
     rope = {f for f in bad if f.startswith("rope_")}
-    if cfg.rope_scaling in ("dynamic", "llama3", "yarn") and not rope:
+    if cfg.rope_scaling in ("dynamic", "llama3", "yarn", "longrope") and not rope:
         if cfg.rope_original_max_len is None:
             problems.append(f"rope_scaling {cfg.rope_scaling!r} needs rope_original_max_len")
     if cfg.rope_scaling == "llama3" and not rope:
@@ -302,6 +314,21 @@ def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
             )
     if cfg.rope_scaling != "default" and cfg.positional != "rotary" and "positional" not in bad:
         problems.append(f"rope_scaling {cfg.rope_scaling!r} needs positional='rotary'")
+    if cfg.rope_scaling == "longrope" and not rope and not fields & bad:
+        half = cfg.head_dim * cfg.rotary_fraction // 2 if "rotary_fraction" not in bad else None
+        for name in ("rope_short_factors", "rope_long_factors"):
+            factors = getattr(cfg, name)
+            if half is not None and (factors is None or len(factors) != half):
+                problems.append(
+                    f"rope_scaling 'longrope' needs {name}: {int(half)} numbers (one per "
+                    f"frequency), got {factors!r}"
+                )
+    if "rotary_fraction" not in bad and not fields & bad and cfg.positional == "rotary":
+        if int(cfg.head_dim * cfg.rotary_fraction) % 2:
+            problems.append(
+                f"rotary_fraction {cfg.rotary_fraction} of head_dim {cfg.head_dim} must turn "
+                "an even number of dims"
+            )
     if cfg.rope_local_theta is not None and cfg.positional != "rotary" and "positional" not in bad:
         problems.append("rope_local_theta needs positional='rotary'")
     pattern = cfg.sliding_window_pattern
@@ -407,6 +434,9 @@ FIELD_RULES = {
     "attention_logit_softcap": Float(gt=0.0, optional=True),
     "final_logit_softcap": Float(gt=0.0, optional=True),
     "sublayer_output_norm": Bool(),
+    "rotary_fraction": Float(gt=0.0, le=1.0),
+    "rope_short_factors": Floats(),
+    "rope_long_factors": Floats(),
 }
 
 
