@@ -88,6 +88,26 @@ CELLS.update(
         ),
     ),
 )
+# Phi-3: GQA through the fused qkv_proj (q 24 wide, k and v 12), half of each 12-wide head
+# turned, longrope's long table past 13 tokens (the battery's batch and generation stay within
+# it: hf.generate refuses to cross it; test_hf_llms.py checks the long table on a wider batch).
+PHI3_ROPE = dict(
+    rope_type="longrope",
+    rope_theta=100.0,
+    partial_rotary_factor=0.5,
+    short_factor=[1.0, 1.3, 2.0],
+    long_factor=[1.5, 4.0, 9.0],
+)
+CELLS["phi3_fused_longrope_partial"] = (
+    "Phi3",
+    dict(
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        original_max_position_embeddings=13,
+        rope_parameters=PHI3_ROPE,
+        pad_token_id=0,
+    ),
+)
 # The transformers classes of a prefix whose config class is not f"{prefix}Config".
 CLASSES = {"Gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 TRAIN_STEPS = 8
@@ -138,7 +158,8 @@ def float64_norms_and_rotary(model_config):
     """transformers' parts that compute in float32 even in a float64 model (~1e-7 relative
     noise in the logits), computed in float64, the rest untouched:
     - the RMS norms (Llama's kin and Gemma's offset ones cast to float32);
-    - the rotary tables: this project's float64 frequencies (spec/rotary.py, checked against
+    - the rotary tables: this project's float64 frequencies (longrope's: the table of each
+      call's length) (spec/rotary.py, checked against
       transformers' to float32 rounding in parity_tests/test_llm_switches.py), installed into
       each model's rotary module when it runs (Gemma 3: the local or global table by layer type);
     - Gemma's embedding scale: a float32 buffer sqrt(hidden_size), kept at float32's rounding
@@ -150,9 +171,13 @@ def float64_norms_and_rotary(model_config):
 
     from flax_transformer.spec import rotary
 
-    def frequencies(layer_type=None):
+    def frequencies(position_ids, layer_type=None):
         rope = rotary.layer_rope(model_config, layer_type == "sliding_attention")
-        inv_freq = torch.from_numpy(rotary.inverse_frequencies(rope))
+        if rope.rope_scaling == "longrope":  # the table of this call's length
+            length = int(position_ids.max()) + 1
+            inv_freq = torch.from_numpy(rotary.longrope_frequencies(rope, length, np))
+        else:
+            inv_freq = torch.from_numpy(rotary.inverse_frequencies(rope))
         return inv_freq, rotary.attention_factor(rope)
 
     def norm(self, hidden_states):
@@ -163,7 +188,7 @@ def float64_norms_and_rotary(model_config):
         return self._norm(x) * (1.0 + self.weight)
 
     def rope(self, x, position_ids, layer_type=None):
-        inv_freq, scale = frequencies(layer_type)
+        inv_freq, scale = frequencies(position_ids, layer_type)
         freqs = position_ids[..., None].double() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
@@ -190,6 +215,7 @@ def float64_norms_and_rotary(model_config):
         return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     plain = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+    plain["phi3"] = "Phi3"
     gemmas = {"gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3"}
     patched = []
     for name, prefix in {**plain, **gemmas}.items():

@@ -48,11 +48,13 @@ class Models(dict):
 # Cells whose float64 / float32 / save checks run in the slow pass only (the fast suite's
 # budget): Gemma 2's cell covers what the Gemmas share (offset norms, the scaled embedding,
 # GeGLU, a tied head) and its own switches in the fast suite.
-SLOW_CELLS = ("gemma_mqa_tied", "gemma3_local_rope")
+SLOW_CELLS = ("gemma_mqa_tied", "gemma3_local_rope", "phi3_fused_longrope_partial")
 
 
-def battery_cells():
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CELLS else n for n in CELLS]
+def battery_cells(*fast: str):
+    """Every cell, those of SLOW_CELLS not in `fast` under the slow mark."""
+    slow = [n for n in SLOW_CELLS if n not in fast]
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in CELLS]
 
 
 @pytest.fixture(scope="session")
@@ -98,6 +100,7 @@ IGNORED = {
         dict(sliding_window_pattern="s"),  # every layer local: the pattern ignored
     ],
     "gemma3_local_rope": [dict(rope_local_theta=None), dict(sliding_window_pattern="f")],
+    "phi3_fused_longrope_partial": [dict(rope_scaling="default")],  # longrope ignored
 }
 
 
@@ -115,7 +118,7 @@ def test_float32_logits_within_1e_5_and_the_window_and_scaling_matter(llms, name
         assert np.max(np.abs(wrong - theirs)) > 1e-2, (name, ignored)
 
 
-@pytest.mark.parametrize("name", battery_cells())
+@pytest.mark.parametrize("name", battery_cells("phi3_fused_longrope_partial"))
 def test_save_is_bit_exact_and_transformers_reads_it_strictly(llms, name, tmp_path):
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
@@ -408,3 +411,26 @@ def test_long_windowed_generation_through_the_growing_cache(llms, beams):
     theirs = hf_generate(torch_model.double(), ids, mask, **kwargs)
     torch_model.float()
     np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.slow
+def test_longrope_takes_its_long_table_past_the_original_length(llms):
+    """A batch of 16 tokens, past Phi-3's original_max_position_embeddings (13): float32
+    logits within 1e-5 of transformers' on the long factors, and the short table there
+    (the switch-over ignored) lands far from them; generation that would cross is refused."""
+    torch_model, path = llms["phi3_fused_longrope_partial"]
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0), (16, 9, 14, 3))
+    model = hf.load(path)
+    ours = model.forward(ids, mask, position_ids=positions)
+    args = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+    with torch.no_grad():
+        theirs = torch_model(**{k: torch.from_numpy(v) for k, v in args.items()}).logits.numpy()
+    real = mask.astype(bool)
+    assert_close(ours[real], theirs[real], rtol=1e-5, what="phi3 longrope long-table logits")
+    short = tuple(hf_llms.PHI3_ROPE["short_factor"])
+    model.module = type(model.module)(model.config.replace(rope_long_factors=short))
+    model.__dict__.pop("_apply", None)
+    wrong = model.forward(ids, mask, position_ids=positions)[real]
+    assert np.max(np.abs(wrong - theirs[real])) > 1e-2
+    with pytest.raises(ValueError, match="passes longrope's switch to its long factors at 13"):
+        hf.load(path).generate(ids[:, :10], mask[:, :10], max_new_tokens=8)
