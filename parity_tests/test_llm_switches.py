@@ -150,15 +150,15 @@ SWITCHED_OFF = dict(
 NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 
 
-# Gemma's cells run in the slow pass (the fast suite's budget; tests/test_hf_llms.py checks
-# their family against transformers in the fast one).
-GEMMA_CELLS = ("norm_weight_offset", "attention_logit_softcap", "final_logit_softcap")
-GEMMA_CELLS += ("attention_scale_dim", "sliding_window_pattern", "rope_local_theta")
-GEMMA_CELLS += ("sublayer_output_norm", "rotary_fraction")
+# Gemma's and Phi-3's cells run in the slow pass (the fast suite's budget;
+# tests/test_hf_llms.py checks Gemma 2 against transformers in the fast one).
+SLOW_CELLS = ("norm_weight_offset", "attention_logit_softcap", "final_logit_softcap")
+SLOW_CELLS += ("attention_scale_dim", "sliding_window_pattern", "rope_local_theta")
+SLOW_CELLS += ("sublayer_output_norm", "rotary_fraction", "rope_longrope")
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in GEMMA_CELLS else n for n in CELLS]
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CELLS else n for n in CELLS]
 )
 def test_switch_in_both_twins_and_it_changes_the_function(name):
     """Flax and torch agree at 1e-12; the same weights with the switch off give other logits
@@ -211,7 +211,7 @@ def test_the_sliding_pattern_and_the_local_rope_base_each_matter():
         assert np.max(np.abs(out - flax)) > 1e-3, changed
 
 
-def test_gemma_switches_are_checked():
+def test_gemma_and_phi3_switches_are_checked():
     with pytest.raises(ValueError, match="sliding_window_pattern must be letters 's'"):
         config(sliding_window=3, sliding_window_pattern="sx")
     with pytest.raises(ValueError, match="exclude each other"):
@@ -220,6 +220,12 @@ def test_gemma_switches_are_checked():
         config(positional="learned", rope_local_theta=10.0)
     with pytest.raises(ValueError, match="attention_logit_softcap must be"):
         config(attention_logit_softcap=0.0)
+    with pytest.raises(ValueError, match="needs rope_long_factors: 3 numbers"):
+        config(**{**CELLS["rope_longrope"], "rope_long_factors": (1.0, 2.0)})
+    with pytest.raises(ValueError, match="must turn an even number of dims"):
+        config(rotary_fraction=0.5)  # 3 of 6
+    longrope = config(**CELLS["rope_longrope"])  # its tables survive config.json (lists)
+    assert TransformerConfig.from_json(longrope.to_json()) == longrope
 
 
 def test_offset_norms_start_at_the_identity_scale():
