@@ -69,6 +69,25 @@ CELLS = {
     "sliding_window": dict(sliding_window=3),
     "sliding_window_from_layer": dict(sliding_window=3, sliding_window_from_layer=1),
     "tied_head": dict(tie_output=True),
+    # Gemma's (1, 2, 3)
+    "norm_weight_offset": dict(norm_weight_offset=True, qk_norm=True, attention_head_dim=10),
+    "attention_logit_softcap": dict(attention_logit_softcap=0.2),
+    "final_logit_softcap": dict(final_logit_softcap=0.05),
+    "attention_scale_dim": dict(attention_scale_dim=2.0),
+    "sliding_window_pattern": dict(sliding_window=3, sliding_window_pattern="sf"),
+    "rope_local_theta": dict(
+        sliding_window=3, sliding_window_pattern="fs", rope_local_theta=50.0, **YARN
+    ),
+    "sublayer_output_norm": dict(sublayer_output_norm=True),
+    # Phi-3's: half of each head turned (4 of 8 dims), longrope past 8 tokens
+    "rotary_fraction": dict(rotary_fraction=0.5, attention_head_dim=8, rope_theta=50.0),
+    "rope_longrope": dict(
+        rope_scaling="longrope",
+        rope_original_max_len=8,
+        rope_factor=4.0,
+        rope_short_factors=(1.0, 1.5, 3.0),
+        rope_long_factors=(2.0, 5.0, 11.0),
+    ),
 }
 
 
@@ -119,11 +138,28 @@ SWITCHED_OFF = dict(
     sliding_window=None,
     sliding_window_from_layer=0,
     qk_norm=False,
+    norm_weight_offset=False,
+    attention_logit_softcap=None,
+    final_logit_softcap=None,
+    attention_scale_dim=None,
+    sliding_window_pattern=None,
+    rope_local_theta=None,
+    sublayer_output_norm=False,
+    rotary_fraction=1.0,
 )
 NO_OFF = ("rotary_default", "tied_head", "mqa", "gqa", "qkv_bias")
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+# Gemma's and Phi-3's cells run in the slow pass (the fast suite's budget;
+# tests/test_hf_llms.py checks Gemma 2 against transformers in the fast one).
+SLOW_CELLS = ("norm_weight_offset", "attention_logit_softcap", "final_logit_softcap")
+SLOW_CELLS += ("attention_scale_dim", "sliding_window_pattern", "rope_local_theta")
+SLOW_CELLS += ("sublayer_output_norm", "rotary_fraction", "rope_longrope")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CELLS else n for n in CELLS]
+)
 def test_switch_in_both_twins_and_it_changes_the_function(name):
     """Flax and torch agree at 1e-12; the same weights with the switch off give other logits
     (a switch both twins ignored would pass the parity check)."""
@@ -159,6 +195,58 @@ def test_sliding_window_from_layer_changes_which_layers_slide():
     every = TransformerLM(cfg.replace(sliding_window_from_layer=0))
     out = np.asarray(every.apply(params, tokens, mask=mask, positions=positions))[real]
     assert np.max(np.abs(out - flax)) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_sliding_pattern_and_the_local_rope_base_each_matter():
+    """Gemma 2/3's local / global layers: the pattern's own layers slide (every layer sliding
+    gives other logits), and the sliding layers turn by their own base (the global base
+    everywhere gives other logits)."""
+    rng = np.random.default_rng(0)
+    cfg = config(**CELLS["rope_local_theta"])
+    flax, _, (_, params, tokens, mask, positions, real) = both_logits(cfg, rng)
+    for changed in (dict(sliding_window_pattern="s"), dict(rope_local_theta=None)):
+        other = TransformerLM(cfg.replace(**changed))
+        out = np.asarray(other.apply(params, tokens, mask=mask, positions=positions))[real]
+        assert np.max(np.abs(out - flax)) > 1e-3, changed
+
+
+def test_gemma_and_phi3_switches_are_checked():
+    with pytest.raises(ValueError, match="sliding_window_pattern must be letters 's'"):
+        config(sliding_window=3, sliding_window_pattern="sx")
+    with pytest.raises(ValueError, match="exclude each other"):
+        config(sliding_window=3, sliding_window_pattern="sf", sliding_window_from_layer=1)
+    with pytest.raises(ValueError, match="rope_local_theta needs positional='rotary'"):
+        config(positional="learned", rope_local_theta=10.0)
+    with pytest.raises(ValueError, match="attention_logit_softcap must be"):
+        config(attention_logit_softcap=0.0)
+    with pytest.raises(ValueError, match="needs rope_long_factors: 3 numbers"):
+        config(**{**CELLS["rope_longrope"], "rope_long_factors": (1.0, 2.0)})
+    with pytest.raises(ValueError, match="must turn an even number of dims"):
+        config(rotary_fraction=0.5)  # 3 of 6
+    longrope = config(**CELLS["rope_longrope"])  # its tables survive config.json (lists)
+    assert TransformerConfig.from_json(longrope.to_json()) == longrope
+
+
+def test_offset_norms_start_at_the_identity_scale():
+    """An offset norm's weight initialises to 0 (1 + 0): in both twins a fresh one computes
+    what the plain norm with its weight at 1 does."""
+    from flax_transformer.nn.layers import RMSNorm
+    from torch_reference.attention import RMSNorm as RMSNormTwin
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 6))
+    with jax.enable_x64(True):
+        offset = RMSNorm(weight_offset=True, dtype="float64", param_dtype="float64")
+        params = offset.init(jax.random.PRNGKey(0), x)
+        plain = RMSNorm(dtype="float64", param_dtype="float64")
+        ones = plain.init(jax.random.PRNGKey(0), x)
+        assert not np.any(params["params"]["scale"]) and np.all(ones["params"]["scale"] == 1)
+        flax = np.asarray(offset.apply(params, x))
+        assert_close(flax, np.asarray(plain.apply(ones, x)), **F64, what="offset norm at init")
+    twin = RMSNormTwin(6, 1e-6, weight_offset=True).double()
+    assert not torch.any(twin.weight)
+    with torch.no_grad():
+        assert_close(twin(torch.from_numpy(x)).numpy(), flax, **F64, what="torch offset norm")
 
 
 def test_tied_head_has_no_lm_head_and_mqa_one_kv_head():
@@ -246,12 +334,30 @@ def test_rope_scaling_needs_its_parameters():
 DECODING_CELLS = {
     "gqa_window_from_layer": dict(num_kv_heads=2, sliding_window=3, sliding_window_from_layer=1),
     "mqa_yarn_qk_norm": dict(YARN, num_kv_heads=1, qk_norm=True, attention_head_dim=10),
+    # Gemma 2/3: local (window 3, own rope base) and global layers, soft-capping, out norms.
+    "gemma_local_global": dict(
+        YARN,
+        num_kv_heads=2,
+        sliding_window=3,
+        sliding_window_pattern="sf",
+        rope_local_theta=50.0,
+        attention_logit_softcap=0.5,
+        final_logit_softcap=0.5,
+        attention_scale_dim=6.0,
+        sublayer_output_norm=True,
+        norm_weight_offset=True,
+        qk_norm=True,
+    ),  # fmt: skip
 }
 
 
 @pytest.mark.parametrize(
     "name",
-    ["gqa_window_from_layer", pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow)],
+    [
+        "gqa_window_from_layer",
+        pytest.param("gemma_local_global", marks=pytest.mark.slow),
+        pytest.param("mqa_yarn_qk_norm", marks=pytest.mark.slow),
+    ],
 )
 def test_cached_decoding_is_the_full_forward(name):
     """Token by token through the KV cache (a right-aligned layout: each row's tokens at its

@@ -59,6 +59,57 @@ CELLS = {
         dict(num_key_value_heads=2, head_dim=10, rope_parameters=dict(rope_theta=1e6)),
     ),
 }
+# Gemma 2 / 3: head_dim and query_pre_attn_scalar apart from d_model / heads; caps small
+# enough that the tiny models' logits reach them (the defaults 50 / 30 would not matter here);
+# a local (sliding, first) and a global layer.
+GEMMA2 = dict(
+    num_key_value_heads=2,
+    head_dim=10,
+    query_pre_attn_scalar=8,
+    sliding_window=WINDOW,
+    attn_logit_softcapping=1.0,
+    final_logit_softcapping=3.0,
+)
+GEMMA3_ROPE = {
+    "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1000.0),
+    "sliding_attention": dict(rope_type="default", rope_theta=10.0),
+}
+CELLS.update(
+    gemma_mqa_tied=("Gemma", dict(num_key_value_heads=1, head_dim=10)),
+    gemma2_softcap_local_global=("Gemma2", GEMMA2),
+    gemma3_local_rope=(
+        "Gemma3",
+        dict(
+            GEMMA2,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=GEMMA3_ROPE,
+        ),
+    ),
+)
+# Phi-3: GQA through the fused qkv_proj (q 24 wide, k and v 12), half of each 12-wide head
+# turned, longrope's long table past 13 tokens (the battery's batch and generation stay within
+# it: hf.generate refuses to cross it; test_hf_llms.py checks the long table on a wider batch).
+PHI3_ROPE = dict(
+    rope_type="longrope",
+    rope_theta=100.0,
+    partial_rotary_factor=0.5,
+    short_factor=[1.0, 1.3, 2.0],
+    long_factor=[1.5, 4.0, 9.0],
+)
+CELLS["phi3_fused_longrope_partial"] = (
+    "Phi3",
+    dict(
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        original_max_position_embeddings=13,
+        rope_parameters=PHI3_ROPE,
+        pad_token_id=0,
+    ),
+)
+# The transformers classes of a prefix whose config class is not f"{prefix}Config".
+CLASSES = {"Gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 TRAIN_STEPS = 8
 
 
@@ -70,9 +121,10 @@ def build(name: str, seed: int = 0):
     import transformers
 
     prefix, changes = CELLS[name]
-    config = getattr(transformers, f"{prefix}Config")(**{**SIZES, **changes})
+    config_class, model_class = CLASSES.get(prefix, (f"{prefix}Config", f"{prefix}ForCausalLM"))
+    config = getattr(transformers, config_class)(**{**SIZES, **changes})
     torch.manual_seed(seed)
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+    model = getattr(transformers, model_class)(config)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
     model.train()
@@ -103,41 +155,88 @@ def left_padded(rng: np.random.Generator, lengths=(11, 6, 9, 3)):
 
 @contextlib.contextmanager
 def float64_norms_and_rotary(model_config):
-    """transformers' RMS norms and rotary tables computed in float64 in a float64 model (they
-    cast to float32: ~1e-7 relative noise in the logits), the rest untouched. The rotary
-    frequencies are this project's float64 ones (spec/rotary.py, checked against
-    transformers' to float32 rounding in parity_tests/test_llm_switches.py), installed into
-    each model's rotary module when it runs."""
-    from transformers.models.llama import modeling_llama
-    from transformers.models.mistral import modeling_mistral
-    from transformers.models.qwen2 import modeling_qwen2
-    from transformers.models.qwen3 import modeling_qwen3
+    """transformers' parts that compute in float32 even in a float64 model (~1e-7 relative
+    noise in the logits), computed in float64, the rest untouched:
+    - the RMS norms (Llama's kin and Gemma's offset ones cast to float32);
+    - the rotary tables: this project's float64 frequencies (longrope's: the table of each
+      call's length) (spec/rotary.py, checked against
+      transformers' to float32 rounding in parity_tests/test_llm_switches.py), installed into
+      each model's rotary module when it runs (Gemma 3: the local or global table by layer type);
+    - Gemma's embedding scale: a float32 buffer sqrt(hidden_size), kept at float32's rounding
+      by .double(); here sqrt(hidden_size) in the model's dtype;
+    - Gemma 2's eager attention softmax, in float32 whatever the input dtype: a float64 model's
+      mask minimum becomes -inf there and left-padded rows give NaN logits; here in the
+      input's dtype."""
+    import transformers.models as models
 
     from flax_transformer.spec import rotary
 
-    inv_freq = torch.from_numpy(rotary.inverse_frequencies(model_config))
-    scale = rotary.attention_factor(model_config)
+    def frequencies(position_ids, layer_type=None):
+        rope = rotary.layer_rope(model_config, layer_type == "sliding_attention")
+        if rope.rope_scaling == "longrope":  # the table of this call's length
+            length = int(position_ids.max()) + 1
+            inv_freq = torch.from_numpy(rotary.longrope_frequencies(rope, length, np))
+        else:
+            inv_freq = torch.from_numpy(rotary.inverse_frequencies(rope))
+        return inv_freq, rotary.attention_factor(rope)
 
     def norm(self, hidden_states):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
-    def rope(self, x, position_ids):
+    def offset_norm(self, x):
+        return self._norm(x) * (1.0 + self.weight)
+
+    def rope(self, x, position_ids, layer_type=None):
+        inv_freq, scale = frequencies(position_ids, layer_type)
         freqs = position_ids[..., None].double() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
 
-    modules = (modeling_llama, modeling_mistral, modeling_qwen2, modeling_qwen3)
-    prefixes = ("Llama", "Mistral", "Qwen2", "Qwen3")
-    patched = [(getattr(m, f"{p}RMSNorm"), norm) for m, p in zip(modules, prefixes, strict=True)]
-    patched += [
-        (getattr(m, f"{p}RotaryEmbedding"), rope) for m, p in zip(modules, prefixes, strict=True)
-    ]
-    saved = [(cls, cls.forward) for cls, _ in patched]
-    for cls, forward in patched:
-        cls.forward = forward
+    def scaled_embedding(self, input_ids):
+        scale = torch.tensor(self.scalar_embed_scale, dtype=self.weight.dtype)
+        return torch.nn.Embedding.forward(self, input_ids) * scale
+
+    gemma2 = models.gemma2.modeling_gemma2
+
+    def eager_softmax_in_input_dtype(
+        module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+        **kwargs,
+    ):  # fmt: skip
+        """gemma2.eager_attention_forward with its softmax in the input's dtype."""
+        key = gemma2.repeat_kv(key, module.num_key_value_groups)
+        value = gemma2.repeat_kv(value, module.num_key_value_groups)
+        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if softcap is not None:
+            weights = torch.tanh(weights / softcap) * softcap
+        if attention_mask is not None:
+            weights = weights + attention_mask
+        weights = torch.softmax(weights, dim=-1)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    plain = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+    plain["phi3"] = "Phi3"
+    gemmas = {"gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3"}
+    patched = []
+    for name, prefix in {**plain, **gemmas}.items():
+        module = getattr(getattr(models, name), f"modeling_{name}")
+        patched += [
+            (
+                getattr(module, f"{prefix}RMSNorm"),
+                "forward",
+                norm if name in plain else offset_norm,
+            ),
+            (getattr(module, f"{prefix}RotaryEmbedding"), "forward", rope),
+        ]
+        if name in gemmas:
+            scaled = getattr(module, f"{prefix}TextScaledWordEmbedding", None)
+            patched.append((scaled, "forward", scaled_embedding))
+    patched.append((gemma2, "eager_attention_forward", eager_softmax_in_input_dtype))
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patched]
+    for owner, attr, value in patched:
+        setattr(owner, attr, value)
     try:
         yield
     finally:
-        for cls, forward in saved:
-            cls.forward = forward
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)

@@ -20,12 +20,12 @@ from flax_transformer.spec.kinds import MODEL_KINDS
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "flax_transformer" / "hf"
 FAMILY_MODULES = {"marian", "bart", "mbart", "gpt2", "t5", "bert", "roberta", "distilbert"}
-FAMILY_MODULES |= {"llama", "mistral", "qwen2", "qwen3"}
+FAMILY_MODULES |= {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"}
 
 
-def test_the_registry_lists_exactly_the_twelve_families():
+def test_the_registry_lists_exactly_the_sixteen_families():
     names = ["marian", "bart", "mbart", "gpt2", "t5", "bert", "roberta", "distilbert"]
-    names += ["llama", "mistral", "qwen2", "qwen3"]
+    names += ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"]
     assert [f.name for f in FAMILIES] == names
     # T5's family reads all three, RoBERTa's XLM-RoBERTa too
     assert set(MODEL_TYPES) == FAMILY_MODULES | {"mt5", "umt5", "xlm-roberta"}
@@ -35,7 +35,7 @@ def test_the_registry_lists_exactly_the_twelve_families():
         assert sum(model_type in f.model_types for f in FAMILIES) == 1
         assert family.kind in MODEL_KINDS
     kinds = ["seq2seq", "seq2seq", "seq2seq", "lm", "seq2seq", "encoder", "encoder", "encoder"]
-    kinds += ["lm"] * 4
+    kinds += ["lm"] * 8
     assert [f.kind for f in FAMILIES] == kinds
     t5 = family_for("t5")  # its bare encoders are the kind "encoder", by architecture
     assert t5.kind_for({"architectures": ["UMT5EncoderModel"]}) == "encoder"
@@ -61,7 +61,7 @@ def test_an_unknown_model_type_names_the_supported_ones_and_where():
         assert str(err.value) == (
             f"x/config.json: model_type {bad!r} is not supported "
             "(supported: marian, bart, mbart, gpt2, t5, mt5, umt5, bert, roberta, xlm-roberta, "
-            "distilbert, llama, mistral, qwen2, qwen3)"
+            "distilbert, llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3)"
         )
     assert hf_config_module.UnsupportedConfigError is UnsupportedConfigError  # one class
 

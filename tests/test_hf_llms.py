@@ -14,6 +14,7 @@ trained by transformers once per session, on a left-padded ragged batch:
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import jax
@@ -44,6 +45,18 @@ class Models(dict):
         return self[name]
 
 
+# Cells whose float64 / float32 / save checks run in the slow pass only (the fast suite's
+# budget): Gemma 2's cell covers what the Gemmas share (offset norms, the scaled embedding,
+# GeGLU, a tied head) and its own switches in the fast suite.
+SLOW_CELLS = ("gemma_mqa_tied", "gemma3_local_rope", "phi3_fused_longrope_partial")
+
+
+def battery_cells(*fast: str):
+    """Every cell, those of SLOW_CELLS not in `fast` under the slow mark."""
+    slow = [n for n in SLOW_CELLS if n not in fast]
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in CELLS]
+
+
 @pytest.fixture(scope="session")
 def llms(tmp_path_factory):
     return Models(tmp_path_factory)
@@ -67,7 +80,7 @@ def logits_pair(torch_model, path, dtype: str, patched: bool):
     return ours[real], theirs.logits.numpy()[real], model
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", battery_cells())
 def test_float64_logits_within_1e_12(llms, name):
     torch_model, path = llms[name]
     with jax.enable_x64(True):
@@ -81,10 +94,17 @@ IGNORED = {
     "mistral_window": [dict(sliding_window=None)],
     "qwen2_biases_yarn_window_tied": [dict(sliding_window=None), dict(rope_scaling="default")],
     "llama_mqa_llama3_tied": [dict(rope_scaling="default")],
+    "gemma2_softcap_local_global": [
+        dict(attention_logit_softcap=None),
+        dict(final_logit_softcap=None),
+        dict(sliding_window_pattern="s"),  # every layer local: the pattern ignored
+    ],
+    "gemma3_local_rope": [dict(rope_local_theta=None), dict(sliding_window_pattern="f")],
+    "phi3_fused_longrope_partial": [dict(rope_scaling="default")],  # longrope ignored
 }
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", battery_cells())
 def test_float32_logits_within_1e_5_and_the_window_and_scaling_matter(llms, name):
     torch_model, path = llms[name]
     ours, theirs, model = logits_pair(torch_model, path, "float32", patched=False)
@@ -98,7 +118,7 @@ def test_float32_logits_within_1e_5_and_the_window_and_scaling_matter(llms, name
         assert np.max(np.abs(wrong - theirs)) > 1e-2, (name, ignored)
 
 
-@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("name", battery_cells("phi3_fused_longrope_partial"))
 def test_save_is_bit_exact_and_transformers_reads_it_strictly(llms, name, tmp_path):
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM
@@ -136,7 +156,14 @@ def test_transformers_4_config_layout_reads_as_the_5_layout(llms, tmp_path):
 
 
 def hf_generate(torch_model, ids, mask, **kwargs) -> np.ndarray:
-    with torch.no_grad():
+    """transformers' generate; a float64 model with its float32 parts in float64
+    (hf_llms.float64_norms_and_rotary: Gemma 2's float32 softmax gives NaN on left-padded
+    rows of a float64 model)."""
+    from flax_transformer.hf.config import hf_to_config
+
+    config = hf_to_config(torch_model.config.to_dict())[0]
+    patch = hf_llms.float64_norms_and_rotary(config)
+    with torch.no_grad(), patch if torch_model.dtype == torch.float64 else contextlib.nullcontext():
         out = torch_model.generate(
             torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), **kwargs
         )
@@ -233,7 +260,9 @@ def test_sampling_follows_the_rules(llms):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen2_biases_yarn_window_tied", "qwen3_norms"])
+@pytest.mark.parametrize(
+    "name", ["qwen2_biases_yarn_window_tied", "qwen3_norms", "gemma2_softcap_local_global"]
+)
 def test_int8_and_bfloat16_close_to_float32(llms, name):
     """quantize="int8" and bfloat16 parameters for these families: logits within a few
     hundredths of float32's (measured 0.009-0.021 on logits of ~1.5), generation runs and
@@ -246,6 +275,7 @@ def test_int8_and_bfloat16_close_to_float32(llms, name):
     tokens = plain.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
     for model in (hf.load(path, quantize="int8"), hf.load(path, dtype="bfloat16")):
         logits = np.asarray(model.forward(ids, mask), np.float32)[real]
+        assert np.all(np.isfinite(logits))  # soft-capped (Gemma 2) included
         assert np.max(np.abs(logits - reference)) < 0.05 * np.max(np.abs(reference))
         out = model.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
         assert out.shape == tokens.shape and (out == tokens).mean() > 0.8
@@ -279,6 +309,18 @@ def _config(model_type: str, **changes) -> dict:
             "sliding layers after full ones only",
         ),
         (_config("mistral", layer_types=["full_attention"] * 3), "layer_types"),
+        (_config("gemma2", layer_types=["sliding_attention"] * 2), "must list 3"),
+        (_config("gemma", use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (
+            _config(
+                "gemma3_text",
+                rope_parameters=dict(
+                    full_attention=dict(rope_type="default", rope_theta=1e6),
+                    sliding_attention=dict(rope_type="linear", factor=2.0, rope_theta=1e4),
+                ),
+            ),
+            "only rope_type 'default' is supported for the local layers",
+        ),
     ],
 )
 def test_configs_these_families_cannot_express_are_named(config, message):
@@ -309,6 +351,26 @@ def test_config_switches_of_each_family():
     assert (yarn.rope_factor, yarn.rope_original_max_len) == (4.0, 16)  # 64 / 16
     big = read("llama", max_position_embeddings=131072)
     assert big.max_len == 65536  # Llama 3.1's length, capped at MAX_LEN_LIMIT
+    gemma = read("gemma", hidden_act="gelu")  # GemmaConfig's legacy "gelu" is the tanh one
+    assert (gemma.activation, gemma.head_dim, gemma.tie_output) == ("gelu_tanh", 256, True)
+    assert gemma.norm_weight_offset and gemma.scale_embeddings and not gemma.sublayer_output_norm
+    gemma2 = read("gemma2")  # Gemma2Config's defaults: sliding first, caps 50 / 30
+    assert (gemma2.sliding_window_pattern, gemma2.sliding_window) == ("sfs", 4096)
+    assert (gemma2.attention_logit_softcap, gemma2.final_logit_softcap) == (50.0, 30.0)
+    assert gemma2.attention_scale_dim == 256 and gemma2.sublayer_output_norm
+    gemma3 = read("gemma3_text", num_hidden_layers=7, rope_theta=1e5, rope_local_base_freq=20.0)
+    assert gemma3.sliding_window_pattern == "sssssfs"  # every 6th global (transformers 4 file)
+    assert (gemma3.rope_theta, gemma3.rope_local_theta, gemma3.qk_norm) == (1e5, 20.0, True)
+    assert gemma3.attention_logit_softcap is None and gemma3.final_logit_softcap is None
+    nested = read(
+        "gemma3_text",
+        num_hidden_layers=7,
+        rope_parameters=dict(
+            full_attention=dict(rope_type="default", rope_theta=1e5),
+            sliding_attention=dict(rope_type="default", rope_theta=20.0),
+        ),
+    )
+    assert nested == gemma3  # transformers 5's per-layer-type rope_parameters
     llama = read("llama", eos_token_id=[5, 7], tie_word_embeddings=True)
     assert (llama.eos_id, llama.pad_id, llama.tie_output, llama.kv_heads) == (5, 5, True, 2)
 
@@ -352,3 +414,26 @@ def test_long_windowed_generation_through_the_growing_cache(llms, beams):
     theirs = hf_generate(torch_model.double(), ids, mask, **kwargs)
     torch_model.float()
     np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.slow
+def test_longrope_takes_its_long_table_past_the_original_length(llms):
+    """A batch of 16 tokens, past Phi-3's original_max_position_embeddings (13): float32
+    logits within 1e-5 of transformers' on the long factors, and the short table there
+    (the switch-over ignored) lands far from them; generation that would cross is refused."""
+    torch_model, path = llms["phi3_fused_longrope_partial"]
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0), (16, 9, 14, 3))
+    model = hf.load(path)
+    ours = model.forward(ids, mask, position_ids=positions)
+    args = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+    with torch.no_grad():
+        theirs = torch_model(**{k: torch.from_numpy(v) for k, v in args.items()}).logits.numpy()
+    real = mask.astype(bool)
+    assert_close(ours[real], theirs[real], rtol=1e-5, what="phi3 longrope long-table logits")
+    short = tuple(hf_llms.PHI3_ROPE["short_factor"])
+    model.module = type(model.module)(model.config.replace(rope_long_factors=short))
+    model.__dict__.pop("_apply", None)
+    wrong = model.forward(ids, mask, position_ids=positions)[real]
+    assert np.max(np.abs(wrong - theirs[real])) > 1e-2
+    with pytest.raises(ValueError, match="passes longrope's switch to its long factors at 13"):
+        hf.load(path).generate(ids[:, :10], mask[:, :10], max_new_tokens=8)

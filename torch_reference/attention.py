@@ -16,12 +16,14 @@ from flax_transformer.spec.config import TransformerConfig
 
 
 def scaled_dot_product_attention(
-    query, key, value, mask=None, dropout_p: float = 0.0, bias=None, scale: bool = True
-):
+    query, key, value, mask=None, dropout_p: float = 0.0, bias=None, scale: bool = True,
+    scale_dim: float | None = None, softcap: float | None = None,
+):  # fmt: skip
     """query (batch, heads, q_len, head_dim), key/value (batch, kv_heads, k_len, head_dim)
     (kv_heads dividing heads: key / value head j serves query heads j * G .. j * G + G - 1);
     `bias` (broadcastable to (batch, heads, q_len, k_len)) added to the logits, which are
-    divided by sqrt(head_dim) only when `scale`.
+    divided by sqrt(head_dim) only when `scale` (times scale_dim ** -0.5 instead when given),
+    then soft-capped to softcap * tanh(logits / softcap) when `softcap`.
 
     Returns output (batch, heads, q_len, head_dim) and weights (batch, heads, q_len, k_len).
     """
@@ -31,8 +33,12 @@ def scaled_dot_product_attention(
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
     scores = query @ key.transpose(-2, -1)
-    if scale:
+    if scale and scale_dim is not None:
+        scores = scores * scale_dim**-0.5
+    elif scale:
         scores = scores / math.sqrt(head_dim)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -46,18 +52,25 @@ def scaled_dot_product_attention(
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps), no mean, no bias; the mean square in at least float32, then
-    cast to the weight's dtype and multiplied by `weight` (transformers' T5LayerNorm)."""
+    cast to the weight's dtype and multiplied by `weight` (transformers' T5LayerNorm). With
+    `weight_offset` the product is by 1 + weight (initialised to 0), taken before the cast
+    (transformers' GemmaRMSNorm)."""
 
-    def __init__(self, features: int, eps: float):
+    def __init__(self, features: int, eps: float, weight_offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(features))
+        start = torch.zeros if weight_offset else torch.ones
+        self.weight = nn.Parameter(start(features))
         self.eps = eps
+        self.weight_offset = weight_offset
 
     def forward(self, x):
         """x (..., features) -> same shape."""
         stats = x if x.dtype == torch.float64 else x.float()
         variance = stats.pow(2).mean(-1, keepdim=True)
-        return self.weight * (stats * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
+        normed = stats * torch.rsqrt(variance + self.eps)
+        if self.weight_offset:
+            return (normed * (1.0 + self.weight.to(stats.dtype))).to(self.weight.dtype)
+        return self.weight * normed.to(self.weight.dtype)
 
 
 def rotary_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> tuple:
@@ -67,6 +80,8 @@ def rotary_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> 
     if config.rope_scaling == "dynamic":
         seq_len = int(positions.max()) + 1
         inv_freq = rotary.dynamic_frequencies(config, seq_len, np)
+    elif config.rope_scaling == "longrope":
+        inv_freq = rotary.longrope_frequencies(config, int(positions.max()) + 1, np)
     else:
         inv_freq = rotary.inverse_frequencies(config)
     inv_freq = torch.from_numpy(np.asarray(inv_freq, np.float64)).to(angle_dtype)
@@ -77,7 +92,11 @@ def rotary_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> 
 
 
 def rotate(x, cos, sin):
-    """x (batch, heads, len, head_dim) turned by (cos, sin) (batch | 1, len, head_dim)."""
+    """x (batch, heads, len, head_dim) turned by (cos, sin) (batch | 1, len, rotary_dim) on
+    its first rotary_dim dims; the rest pass through."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat([rotate(x[..., :width], cos, sin), x[..., width:]], dim=-1)
     half = x.shape[-1] // 2
     turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None] + turned * sin[:, None]
@@ -110,8 +129,9 @@ class MultiHeadAttention(nn.Module):
         self.value = nn.Linear(d, kv_inner, bias=qkv_bias)
         self.out = nn.Linear(inner, d, bias=config.use_bias)
         if config.qk_norm:
-            self.query_norm = RMSNorm(config.head_dim, config.layer_norm_eps)
-            self.key_norm = RMSNorm(config.head_dim, config.layer_norm_eps)
+            offset = config.norm_weight_offset
+            self.query_norm = RMSNorm(config.head_dim, config.layer_norm_eps, offset)
+            self.key_norm = RMSNorm(config.head_dim, config.layer_norm_eps, offset)
         self.last_weights: torch.Tensor | None = None  # for inspection (and forward hooks)
         # "fused": PyTorch's fused kernel (F.scaled_dot_product_attention), which gives no
         # weights; "reference" and "auto" keep the explicit path, so the weights stay readable.
@@ -136,13 +156,16 @@ class MultiHeadAttention(nn.Module):
         if is_self and self.config.positional == "rotary":
             if positions is None:
                 positions = torch.arange(q_len, device=inputs_q.device)[None]
-            cos, sin = rotary_tables(self.config, positions, query.dtype)
+            rope = rotary.layer_rope(self.config, self.sliding_window is not None)
+            cos, sin = rotary_tables(rope, positions, query.dtype)
             query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         if is_self and self.sliding_window is not None:
             window = window_mask(q_len, self.sliding_window, inputs_q.device)
             mask = window if mask is None else mask & window
         dropout_p = self.attention_dropout if self.training else 0.0
-        if self.attention_impl == "fused" and bias is None:
+        cfg = self.config  # the fused kernel has no soft-capping, only 1 / sqrt(head_dim)
+        plain = cfg.attention_logit_softcap is None and cfg.attention_scale_dim is None
+        if self.attention_impl == "fused" and bias is None and plain:
             factor = None if self.scale else 1.0
             output = F.scaled_dot_product_attention(
                 query, key, value, mask, dropout_p, scale=factor,
@@ -153,8 +176,9 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = None
         else:
             output, weights = scaled_dot_product_attention(
-                query, key, value, mask, dropout_p, bias, self.scale
-            )
+                query, key, value, mask, dropout_p, bias, self.scale,
+                cfg.attention_scale_dim, cfg.attention_logit_softcap,
+            )  # fmt: skip
             self.last_weights = weights.detach()
         output = output.transpose(1, 2).reshape(batch, q_len, -1)  # concat heads
         return self.out(output)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flax_transformer.spec.config import TransformerConfig
+from flax_transformer.spec.config import TransformerConfig, sliding_layer
 from flax_transformer.spec.relative import relative_bucket_table
 from flax_transformer.spec.sinusoid import sinusoidal_table
 from flax_transformer.spec.validate import check_weights
@@ -113,7 +113,7 @@ class PositionalEncoding(nn.Module):
 
 def _layer_norm(config: TransformerConfig) -> nn.Module:
     if config.norm_type == "rms":
-        return RMSNorm(config.d_model, config.layer_norm_eps)
+        return RMSNorm(config.d_model, config.layer_norm_eps, config.norm_weight_offset)
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.use_bias)
 
 
@@ -162,9 +162,10 @@ class _RelativeBiasMixin:
 
 
 class _ResidualMixin:
-    def _residual(self, norm, x, sublayer):
+    def _residual(self, norm, x, sublayer, out_norm=None):
         if self.norm_first:
-            return x + self.dropout(sublayer(norm(x)))
+            out = sublayer(norm(x))
+            return x + self.dropout(out if out_norm is None else out_norm(out))
         return norm(x + self.dropout(sublayer(x)))
 
 
@@ -181,15 +182,21 @@ class EncoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
         self.ffn = FeedForward(config)
         self.norm2 = _layer_norm(config)
         self.dropout = nn.Dropout(config.dropout_rate)
+        out_norms = config.sublayer_output_norm and config.norm_first
+        self.attn_out_norm = _layer_norm(config) if out_norms else None
+        self.ffn_out_norm = _layer_norm(config) if out_norms else None
 
     def forward(self, x, mask=None, relative=None, bias=None, positions=None):
         """x (batch, len, d_model), mask broadcastable to (batch, heads, len, len), relative
         positions and the stack's relative bias, rotary `positions` -> (batch, len, d_model)."""
         bias = self._bias(relative, bias)
         x = self._residual(
-            self.norm1, x, lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions)
+            self.norm1,
+            x,
+            lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions),
+            self.attn_out_norm,
         )
-        return self._residual(self.norm2, x, self.ffn)
+        return self._residual(self.norm2, x, self.ffn, self.ffn_out_norm)
 
 
 class DecoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
@@ -218,10 +225,8 @@ class DecoderBlock(_ResidualMixin, _RelativeBiasMixin, nn.Module):
 
 
 def _layer_window(config: TransformerConfig, layer: int) -> int | None:
-    """Layer `layer`'s sliding window (config.sliding_window_from_layer on), else None."""
-    if config.sliding_window is None or layer < config.sliding_window_from_layer:
-        return None
-    return config.sliding_window
+    """Layer `layer`'s sliding window (spec.config.sliding_layer), else None."""
+    return config.sliding_window if sliding_layer(config, layer) else None
 
 
 class Encoder(_RelativeBiasMixin, nn.Module):
@@ -331,8 +336,8 @@ class _EmbeddingsMixin(nn.Module):
         """`side` "src" or "tgt": its token table, (token types,) position table and norm."""
         table = self.src_embed_table if side == "src" else self.tgt_embed_table
         x = table(tokens)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.d_model)
+        if self.config.scale_embeddings:  # sqrt(d_model) rounded to the model's dtype
+            x = x * torch.tensor(math.sqrt(self.config.d_model), dtype=x.dtype)
         if token_types is not None:
             x = x + self.type_embed(token_types)
         if hasattr(self, f"{side}_pos_embed"):
@@ -352,7 +357,10 @@ class _EmbeddingsMixin(nn.Module):
             logits = x @ self.tgt_embed_table.weight.T
         else:
             logits = self.lm_head(x)
-        return self.logits_bias(logits) if self.config.final_logits_bias else logits
+        if self.config.final_logits_bias:
+            logits = self.logits_bias(logits)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _default_target_mask(self, tokens):
         """Causal, plus the pad_id keys hidden when config.mask_target_padding."""

@@ -129,6 +129,12 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if expand > 1:  # sampling several sequences per input: transformers repeats the rows
         ids = np.repeat(ids, expand, axis=0)
         mask = None if mask is None else np.repeat(mask, expand, axis=0)
+    if config.rope_scaling == "longrope" and opts.max_length - 1 > config.rope_original_max_len:
+        raise ValueError(
+            f"generate: max_length {opts.max_length} passes longrope's switch to its long "
+            f"factors at {config.rope_original_max_len} tokens (original_max_position_"
+            "embeddings), where transformers recomputes the whole sequence: not supported yet"
+        )
     if is_seq2seq:
         rows, source = _seq2seq_rows(ids, mask, opts, config.max_len)
     else:

@@ -3,13 +3,13 @@
 Each family's rename table (`Family.weight_renames`), read in both directions: a template such
 as `model.encoder.layers.{i}.fc1.{p}` <-> `encoder.layers.{i}.ffn.linear1.{p}`. Beyond
 renaming, as the family says: weights stored (in, out) (GPT-2's Conv1D, `transposed_keys`) are
-transposed to Linear's (out, in), a fused query | key | value tensor (`fused_qkv`, GPT-2's
-c_attn) is split into three; `final_logits_bias` (1, V) is the (V,) `logits_bias.bias`. Tied
-weights are resolved as transformers resolves them (`tied_groups`); keys are read as it reads
-them (`loaded_names`: the prefix of a base model saved bare, old LayerNorm names), and the
-weights of the family's other classes the loaded class does not use are dropped with a warning
-(`unused_keys`). numpy only (the expected shapes come from the model, through
-jax.eval_shape); the tree check is spec/tree_check.py's.
+transposed to Linear's (out, in), fused tensors (`fused_qkv` and `fused_ffn`: GPT-2's c_attn,
+Phi-3's qkv_proj and gate_up_proj) are split into their parts; `final_logits_bias` (1, V) is
+the (V,) `logits_bias.bias`. Tied weights are resolved as transformers resolves them
+(`tied_groups`); keys are read as it reads them (`loaded_names`: the prefix of a base model
+saved bare, old LayerNorm names), and the weights of the family's other classes the loaded
+class does not use are dropped with a warning (`unused_keys`). numpy only (the expected shapes
+come from the model, through jax.eval_shape); the tree check is spec/tree_check.py's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.hf.families import FAMILIES, family_for
-from flax_transformer.hf.families.family import Family
+from flax_transformer.hf.families.family import Family, FusedQKV
 from flax_transformer.hf.families.marian import STORED_POSITIONS as MARIAN_POSITIONS
 from flax_transformer.interop.convert import (
     expected_param_shapes,
@@ -90,13 +90,21 @@ def _rename(key: str, rules: list[tuple[str, str]]) -> str | None:
 
 
 @functools.cache
-def _fused_regexes(family: Family) -> tuple[re.Pattern, re.Pattern]:
-    """(HF key, canonical key) patterns of the family's fused query | key | value tensor."""
-    fused = family.fused_qkv
+def _fused_regexes(fused: FusedQKV) -> tuple[re.Pattern, re.Pattern]:
+    """(HF key, canonical key) patterns of one fused tensor of a family."""
     hf = _template_regex(fused.hf_template)
     canonical = re.escape(fused.canonical_template).replace(r"\{i\}", r"(?P<i>\d+)")
-    canonical = canonical.replace(r"\{name\}", r"(?P<name>query|key|value)")
+    canonical = canonical.replace(r"\{name\}", f"(?P<name>{'|'.join(fused.names)})")
     return hf, re.compile("^" + canonical.replace(r"\{p\}", r"(?P<p>weight|bias)") + "$")
+
+
+def _fused_match(family: Family, key: str, side: int):
+    """(the FusedQKV, its match) of `key` (side 0: an HF key, 1: a canonical one), or None."""
+    for fused in family.fused:
+        match = _fused_regexes(fused)[side].match(key)
+        if match:
+            return fused, match
+    return None
 
 
 def tied_groups(hf_config: Mapping[str, Any]) -> list[list[str]]:
@@ -211,8 +219,6 @@ def hf_to_canonical(
     is config.json (or its model_type, where the names do not depend on the config)."""
     family, hf_config = _family_config(hf_config)
     renames = family.renames(hf_config)
-    fused = family.fused_qkv
-    fused_hf = _fused_regexes(family)[0] if fused else None
     canonical = {}
     for key, value in state.items():
         if not isinstance(value, LazyArray):  # read lazily: converted when asked for
@@ -220,15 +226,19 @@ def hf_to_canonical(
         if key == "final_logits_bias":
             canonical["logits_bias.bias"] = value.reshape(-1)
             continue
-        match = fused_hf.match(key) if fused_hf else None
-        if match:
+        found = _fused_match(family, key, 0)
+        if found:
+            fused, match = found
             layer, leaf = match["i"], match["p"]
-            # (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            # along the output axis: GPT-2's (d, 3d) -> 3 x (d, d); (3d,) -> 3 x (d,)
+            widths, axis = fused.widths(hf_config), fused.axis(leaf)
             if isinstance(value, LazyArray):
-                pieces = value.split(3, axis=-1)
+                pieces = value.split(widths, axis=axis)
+            elif isinstance(widths, int):
+                pieces = np.split(value, widths, axis=axis)
             else:
-                pieces = np.split(value, 3, axis=-1)
-            for name, piece in zip(("query", "key", "value"), pieces, strict=True):
+                pieces = np.split(value, np.cumsum(widths)[:-1], axis=axis)
+            for name, piece in zip(fused.names, pieces, strict=True):
                 if leaf == "weight" and fused.transposed:
                     piece = piece.T  # Conv1D (in, out) -> (out, in)
                 target = fused.canonical_template.format(i=layer, name=name, p=leaf)
@@ -250,18 +260,17 @@ def canonical_to_hf(state: Mapping[str, Any], hf_config: str | Mapping[str, Any]
     in hf_to_canonical."""
     family, hf_config = _family_config(hf_config)
     model_type = family.name
-    fused = family.fused_qkv
-    fused_canonical = _fused_regexes(family)[1] if fused else None
     reverse = [(target, source) for source, target in family.renames(hf_config)]
     hf: dict[str, Any] = {}
-    qkv: dict[tuple[str, str], dict[str, Any]] = {}
+    qkv: dict[tuple[FusedQKV, str, str], dict[str, Any]] = {}
     for key, value in state.items():
         if key == "logits_bias.bias":
             hf["final_logits_bias"] = np.reshape(value, (1, -1))
             continue
-        match = fused_canonical.match(key) if fused_canonical else None
-        if match:
-            qkv.setdefault((match["i"], match["p"]), {})[match["name"]] = value
+        found = _fused_match(family, key, 1)
+        if found:
+            fused, match = found
+            qkv.setdefault((fused, match["i"], match["p"]), {})[match["name"]] = value
             continue
         name = _rename(key, reverse)
         if name is None:
@@ -269,13 +278,13 @@ def canonical_to_hf(state: Mapping[str, Any], hf_config: str | Mapping[str, Any]
         if family.transposed_keys is not None and family.transposed_keys.match(name):
             value = np.transpose(value)
         hf[name] = value
-    for (layer, leaf), parts in qkv.items():
-        pieces = [parts[n] for n in ("query", "key", "value")]
+    for (fused, layer, leaf), parts in qkv.items():
+        pieces = [parts[n] for n in fused.names]
         if leaf == "weight" and fused.transposed:
             pieces = [np.transpose(p) for p in pieces]  # (out, in) -> Conv1D (in, out)
         lazy = any(isinstance(p, LazyArray) for p in pieces)
         join = LazyArray.concatenate if lazy else np.concatenate
-        hf[fused.hf_template.format(i=layer, p=leaf)] = join(pieces, axis=-1)
+        hf[fused.hf_template.format(i=layer, p=leaf)] = join(pieces, axis=fused.axis(leaf))
     return hf
 
 

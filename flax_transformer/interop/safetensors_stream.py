@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +115,18 @@ class LazyArray:
         new = tuple(self.size // max(known, 1) if n == -1 else n for n in shape)
         return self._then(new, self.dtype, lambda a: a.reshape(shape))
 
-    def split(self, parts: int, axis: int = -1) -> list[LazyArray]:
-        """np.split(self, parts, axis) as LazyArrays, each a copy. The source is read once for
-        all of them and dropped when the last has been read (read them together)."""
+    def split(self, parts: int | Sequence[int], axis: int = -1) -> list[LazyArray]:
+        """np.split(self, parts, axis) as LazyArrays, each a copy: `parts` equal pieces, or
+        pieces of the widths `parts` lists. The source is read once for all of them and dropped
+        when the last has been read (read them together)."""
         axis = axis % self.ndim
-        width = self.shape[axis] // parts
-        shape = self.shape[:axis] + (width,) + self.shape[axis + 1 :]
-        held: dict[str, Any] = {"array": None, "left": set(range(parts))}
+        widths = [self.shape[axis] // parts] * parts if isinstance(parts, int) else list(parts)
+        starts = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
+        held: dict[str, Any] = {"array": None, "left": set(range(len(widths)))}
 
         def piece(i):
-            index = (slice(None),) * axis + (slice(i * width, (i + 1) * width),)
+            index = (slice(None),) * axis + (slice(starts[i], starts[i + 1]),)
+            shape = self.shape[:axis] + (widths[i],) + self.shape[axis + 1 :]
 
             def load():
                 source = held["array"] if held["array"] is not None else np.asarray(self)
@@ -134,7 +136,7 @@ class LazyArray:
 
             return LazyArray(shape, self.dtype, load, owned=True)
 
-        return [piece(i) for i in range(parts)]
+        return [piece(i) for i in range(len(widths))]
 
     @staticmethod
     def concatenate(arrays, axis: int = -1) -> LazyArray:

@@ -17,6 +17,7 @@ from flax_transformer.nn.dropout import dropout
 from flax_transformer.nn.layers import Dense, RMSNorm
 from flax_transformer.nn.rotary import rotary_tables, rotate
 from flax_transformer.spec.config import ATTENTION_IMPLS, TransformerConfig
+from flax_transformer.spec.rotary import layer_rope
 
 
 def make_padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
@@ -88,10 +89,13 @@ def scaled_dot_product_attention(
     heads_first: bool = False,
     bias: jax.Array | None = None,
     scale: bool = True,
+    scale_dim: float | None = None,
+    softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """softmax(q k^T / sqrt(d_k) + bias) v, per head (without the 1 / sqrt(d_k) when not
-    `scale`; `bias` broadcastable to (batch, heads, q_len, k_len), e.g. a relative position
-    bias, added before the mask).
+    `scale`, times scale_dim ** -0.5 instead when given; `bias` broadcastable to (batch,
+    heads, q_len, k_len), e.g. a relative position bias, added before the mask). `softcap`:
+    the scaled logits become softcap * tanh(logits / softcap) (Gemma 2), before bias and mask.
 
     query (batch, q_len, heads, head_dim), key/value (batch, k_len, kv_heads, head_dim), or
     (batch, kv_heads, k_len, head_dim) with heads_first (the KV cache's layout, which XLA reads
@@ -112,10 +116,15 @@ def scaled_dot_product_attention(
         scores = scores.reshape(batch, heads, q_len, scores.shape[-1])
     else:
         scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)
-    if scale:
+    if scale and scale_dim is not None:  # transformers multiplies by scalar ** -0.5
+        scores = scores * np.asarray(scale_dim**-0.5, query.dtype)
+    elif scale:
         scores = scores / np.sqrt(head_dim).astype(query.dtype)
     softmax_dtype = jnp.promote_types(scores.dtype, jnp.float32)
     scores = scores.astype(softmax_dtype)
+    if softcap is not None:  # in the softmax's dtype: bfloat16 logits stay finite and smooth
+        cap = np.asarray(softcap, softmax_dtype)
+        scores = jnp.tanh(scores / cap) * cap
     if bias is not None:
         scores = scores + bias.astype(softmax_dtype)
     if mask is not None:
@@ -237,7 +246,12 @@ class MultiHeadAttention(nn.Module):
             x
             if not cfg.qk_norm
             else RMSNorm(  # noqa: E731
-                cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, axis="head_dim", name=name
+                cfg.layer_norm_eps,
+                cfg.dtype,
+                cfg.param_dtype,
+                axis="head_dim",
+                weight_offset=cfg.norm_weight_offset,
+                name=name,
             )(x)
         )  # config.qk_norm: over each head (Qwen3's q_norm / k_norm)
 
@@ -252,7 +266,8 @@ class MultiHeadAttention(nn.Module):
             if cfg.positional == "rotary":
                 if positions is None:
                     positions = jnp.arange(q_len)[None]
-                cos, sin = rotary_tables(cfg, positions, query.dtype)
+                rope = layer_rope(cfg, self.sliding_window is not None)
+                cos, sin = rotary_tables(rope, positions, query.dtype)
                 query, key = rotate(query, cos, sin), rotate(key, cos, sin)
             if decode:
                 key, value, mask = self._update_self_cache(key, value, mask)
@@ -270,7 +285,9 @@ class MultiHeadAttention(nn.Module):
             dropout_rng = self.make_rng("dropout")
         weights_wanted = self.is_mutable_collection("intermediates")
         fused = use_fused_attention(cfg.attention_impl, mask)
-        if fused and bias is None and dropout_rng is None and not weights_wanted:
+        # The fused kernel has no soft-capping and only the 1 / sqrt(head_dim) scale.
+        plain = cfg.attention_logit_softcap is None and cfg.attention_scale_dim is None
+        if fused and plain and bias is None and dropout_rng is None and not weights_wanted:
             if heads_first:  # the fused kernel takes (batch, len, heads, head_dim)
                 key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
             output = fused_attention(query, key, value, mask, cfg.scale_attention_logits)
@@ -286,6 +303,8 @@ class MultiHeadAttention(nn.Module):
                 heads_first=heads_first,
                 bias=bias,
                 scale=cfg.scale_attention_logits,
+                scale_dim=cfg.attention_scale_dim,
+                softcap=cfg.attention_logit_softcap,
             )
             if group > 1:  # (b, heads, G * q, k) -> (b * G, heads, q, k)
                 heads, k_len = weights.shape[1], weights.shape[-1]

@@ -24,11 +24,18 @@ def self_attention_bias(module: nn.Module, relative, bias, bidirectional: bool):
     return bias
 
 
-def residual(config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool):
-    """Apply `sublayer` with dropout, residual add and `norm` in the config's placement."""
+def residual(
+    config: TransformerConfig, norm: nn.Module, x, sublayer, deterministic: bool, out_norm=None
+):
+    """Apply `sublayer` with dropout, residual add and `norm` in the config's placement;
+    `out_norm` (pre-LN with config.sublayer_output_norm) on the sublayer's output, before the
+    dropout and the add."""
     dropout = Dropout(config.dropout_rate)
     if config.norm_first:
-        return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+        out = sublayer(norm(x))
+        if out_norm is not None:
+            out = out_norm(out)
+        return x + dropout(out, deterministic=deterministic)
     return norm(x + dropout(sublayer(x), deterministic=deterministic))
 
 
@@ -75,6 +82,7 @@ class EncoderBlock(nn.Module):
                 positions=positions,
             ),
             deterministic,
+            out_norm=self._out_norm("attn_out_norm"),
         )
         return residual(
             cfg,
@@ -82,7 +90,13 @@ class EncoderBlock(nn.Module):
             x,
             lambda h: ffn(h, deterministic=deterministic),
             deterministic,
+            out_norm=self._out_norm("ffn_out_norm"),
         )
+
+    def _out_norm(self, name: str):
+        """A sublayer's output norm (config.sublayer_output_norm), or None."""
+        cfg = self.config
+        return layer_norm(cfg, name) if cfg.sublayer_output_norm and cfg.norm_first else None
 
 
 class DecoderBlock(nn.Module):

@@ -150,22 +150,29 @@ class RMSNorm(nn.Module):
     """RMSNorm over the last axis (T5's and Llama's layer norm): x / sqrt(mean(x^2) + eps),
     no mean subtracted, no bias; then cast to the output dtype and multiplied by `scale`, in
     that order (transformers' T5LayerNorm). The mean square runs in at least float32 (float64
-    inputs keep float64). Param `scale`, over the logical axis `axis`."""
+    inputs keep float64). Param `scale`, over the logical axis `axis`.
+
+    `weight_offset` (config.norm_weight_offset): the product is by 1 + scale (scale stored as
+    its offset from 1, initialised to 0), taken before the cast (transformers' GemmaRMSNorm)."""
 
     epsilon: float = 1e-6
     dtype: str | None = None
     param_dtype: str = "float32"
     axis: str = "embed"
+    weight_offset: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        init = with_axes(nn.initializers.ones, (self.axis,))
+        start = nn.initializers.zeros if self.weight_offset else nn.initializers.ones
+        init = with_axes(start, (self.axis,))
         scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
         stats = x.astype(jnp.promote_types(x.dtype, jnp.float32))
         variance = jnp.mean(jnp.square(stats), axis=-1, keepdims=True)
         out_dtype = self.dtype or jnp.promote_types(x.dtype, self.param_dtype)
-        y = (stats * jax.lax.rsqrt(variance + self.epsilon)).astype(out_dtype)
-        return scale.astype(out_dtype) * y
+        normed = stats * jax.lax.rsqrt(variance + self.epsilon)
+        if self.weight_offset:
+            return (normed * (1.0 + scale.astype(stats.dtype))).astype(out_dtype)
+        return scale.astype(out_dtype) * normed.astype(out_dtype)
 
 
 def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.Module:
@@ -176,6 +183,7 @@ def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.Module:
             epsilon=config.layer_norm_eps,
             dtype=config.dtype,
             param_dtype=config.param_dtype,
+            weight_offset=config.norm_weight_offset,
             name=name,
         )
     return LayerNorm(

@@ -26,7 +26,7 @@ from flax_transformer.nn.layers import (
     with_axes,
 )
 from flax_transformer.nn.token_ids import as_token_array, check_same_batch, check_token_ids
-from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
+from flax_transformer.spec.config import TransformerConfig, check_config_for_kind, sliding_layer
 from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ
 
 
@@ -105,11 +105,9 @@ def stack_bias(module: nn.Module, relative, bidirectional: bool):
 
 
 def layer_window(config: TransformerConfig, layer: int) -> int | None:
-    """Layer `layer`'s sliding window: config.sliding_window from sliding_window_from_layer
-    on, else None (full attention)."""
-    if config.sliding_window is None or layer < config.sliding_window_from_layer:
-        return None
-    return config.sliding_window
+    """Layer `layer`'s sliding window: config.sliding_window where spec.config.sliding_layer
+    says it slides, else None (full attention)."""
+    return config.sliding_window if sliding_layer(config, layer) else None
 
 
 def rotary_positions(config: TransformerConfig, length: int, offset, positions):
@@ -266,7 +264,10 @@ class _EmbeddingsMixin:
             logits = embed.attend(x)  # x @ embedding.T, (batch, len, vocab)
         else:
             logits = self.lm_head(x)
-        return self.logits_bias(logits) if self.config.final_logits_bias else logits
+        if self.config.final_logits_bias:
+            logits = self.logits_bias(logits)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 def _tied_logits_one_row(embed: nn.Embed, x):

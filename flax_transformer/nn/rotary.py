@@ -19,6 +19,9 @@ def rotary_tables(config: TransformerConfig, positions: jax.Array, dtype) -> tup
     if config.rope_scaling == "dynamic":
         seq_len = jnp.max(positions).astype(angle_dtype) + 1
         inv_freq = rotary.dynamic_frequencies(config, seq_len, jnp).astype(angle_dtype)
+    elif config.rope_scaling == "longrope":  # the table of this call's length
+        seq_len = jnp.max(positions) + 1
+        inv_freq = rotary.longrope_frequencies(config, seq_len, jnp).astype(angle_dtype)
     else:
         inv_freq = jnp.asarray(rotary.inverse_frequencies(config), angle_dtype)
     angles = positions.astype(angle_dtype)[..., None] * inv_freq  # (b, len, hd / 2)
@@ -31,8 +34,12 @@ def rotary_tables(config: TransformerConfig, positions: jax.Array, dtype) -> tup
 
 
 def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x (batch, len, heads, head_dim) turned by (cos, sin) (batch | 1, len, head_dim):
-    x * cos + rotate_half(x) * sin, rotate_half([a | b]) = [-b | a]."""
+    """x (batch, len, heads, head_dim) turned by (cos, sin) (batch | 1, len, rotary_dim):
+    x * cos + rotate_half(x) * sin, rotate_half([a | b]) = [-b | a], on the first rotary_dim
+    dims (config.rotary_fraction); the rest pass through."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return jnp.concatenate([rotate(x[..., :width], cos, sin), x[..., width:]], axis=-1)
     half = x.shape[-1] // 2
     turned = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, :, None, :] + turned * sin[:, :, None, :]

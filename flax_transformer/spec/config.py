@@ -12,7 +12,7 @@ from typing import Any
 
 from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.spec.kinds import ENCODER, LM, check_kind
-from flax_transformer.spec.validate import Bool, Choice, Float, Int, field_problems
+from flax_transformer.spec.validate import Bool, Choice, Float, Floats, Int, Text, field_problems
 
 # gelu: the exact erf form; gelu_tanh: its tanh approximation (GPT-2's gelu_new); silu = swish.
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -21,7 +21,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # positions instead (Llama, Mistral, Qwen; spec/rotary.py, the rope_* fields).
 POSITIONALS = ("sinusoidal", "learned", "none", "rotary")
 # How the rotary frequencies are scaled (transformers' rope_type): spec/rotary.py.
-ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_SCALINGS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 # "layer": LayerNorm (mean subtracted, bias when use_bias); "rms": RMSNorm (no mean, no bias).
 NORM_TYPES = ("layer", "rms")
 # interleaved: the paper's sin/cos alternating; halves: [sin ... | cos ...] (Marian, fairseq).
@@ -143,8 +143,34 @@ class TransformerConfig:
     # in the layers from sliding_window_from_layer on (Qwen2's max_window_layers); None: all.
     sliding_window: int | None = None
     sliding_window_from_layer: int = 0
+    # Switches of Gemma-lineage decoders (Gemma 1/2/3; docs/hf.md).
+    # RMS norms multiply by 1 + weight (the weights stored as offsets from 1, initialised to 0).
+    norm_weight_offset: bool = False
+    # Which layers slide: one letter per layer, cycled over the layers ("s" sliding, "f" full
+    # attention; Gemma 2: "sf", Gemma 3: "sssssf"); None: sliding_window_from_layer's rule.
+    sliding_window_pattern: str | None = None
+    rope_local_theta: float | None = None  # the sliding layers' own rope base, unscaled (Gemma 3)
+    # q.k is divided by sqrt(attention_scale_dim), not sqrt(head_dim) (query_pre_attn_scalar).
+    attention_scale_dim: float | None = None
+    attention_logit_softcap: float | None = None  # attention logits -> cap * tanh(logits / cap)
+    final_logit_softcap: float | None = None  # output logits -> cap * tanh(logits / cap)
+    # norm_first blocks also normalise each sublayer's output before the residual add
+    # (`attn_out_norm`, `ffn_out_norm`: Gemma 2/3's post-attention / post-feed-forward norms).
+    sublayer_output_norm: bool = False
+    # Switches of Phi-3. Rotary positions turn only the first rotary_fraction of each head's
+    # dims (partial_rotary_factor), the rest pass through.
+    rotary_fraction: float = 1.0
+    # longrope: each frequency divided by its own factor, from rope_short_factors while a
+    # call's sequence (its largest position + 1) fits rope_original_max_len, else from
+    # rope_long_factors; cos / sin times the attention factor (rope_attention_factor, else
+    # from rope_factor).
+    rope_short_factors: tuple[float, ...] | None = None
+    rope_long_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("rope_short_factors", "rope_long_factors"):  # JSON gives lists
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = field_problems(self, FIELD_RULES)
         checked = not any(p.split()[0] in ("d_model", "num_heads") for p in problems)
         if checked and self.attention_head_dim is None and self.d_model % self.num_heads:
@@ -277,7 +303,7 @@ def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
     if cfg.positional == "rotary" and not fields & bad and cfg.head_dim % 2:
         problems.append(f"positional 'rotary' needs an even head_dim, got {cfg.head_dim}")
     rope = {f for f in bad if f.startswith("rope_")}
-    if cfg.rope_scaling in ("dynamic", "llama3", "yarn") and not rope:
+    if cfg.rope_scaling in ("dynamic", "llama3", "yarn", "longrope") and not rope:
         if cfg.rope_original_max_len is None:
             problems.append(f"rope_scaling {cfg.rope_scaling!r} needs rope_original_max_len")
     if cfg.rope_scaling == "llama3" and not rope:
@@ -288,7 +314,48 @@ def _llm_problems(cfg: TransformerConfig, found: list[str]) -> list[str]:
             )
     if cfg.rope_scaling != "default" and cfg.positional != "rotary" and "positional" not in bad:
         problems.append(f"rope_scaling {cfg.rope_scaling!r} needs positional='rotary'")
+    if cfg.rope_scaling == "longrope" and not rope and not fields & bad:
+        half = cfg.head_dim * cfg.rotary_fraction // 2 if "rotary_fraction" not in bad else None
+        for name in ("rope_short_factors", "rope_long_factors"):
+            factors = getattr(cfg, name)
+            if half is not None and (factors is None or len(factors) != half):
+                problems.append(
+                    f"rope_scaling 'longrope' needs {name}: {int(half)} numbers (one per "
+                    f"frequency), got {factors!r}"
+                )
+    if "rotary_fraction" not in bad and not fields & bad and cfg.positional == "rotary":
+        if int(cfg.head_dim * cfg.rotary_fraction) % 2:
+            problems.append(
+                f"rotary_fraction {cfg.rotary_fraction} of head_dim {cfg.head_dim} must turn "
+                "an even number of dims"
+            )
+    if cfg.rope_local_theta is not None and cfg.positional != "rotary" and "positional" not in bad:
+        problems.append("rope_local_theta needs positional='rotary'")
+    pattern = cfg.sliding_window_pattern
+    if pattern is not None and "sliding_window_pattern" not in bad:
+        if not pattern or set(pattern) - {"s", "f"}:
+            problems.append(
+                "sliding_window_pattern must be letters 's' (sliding) and 'f' (full attention), "
+                f"one per layer (cycled), got {pattern!r}"
+            )
+        if cfg.sliding_window_from_layer:
+            problems.append(
+                "sliding_window_pattern and sliding_window_from_layer exclude each other: the "
+                "pattern names every layer"
+            )
     return problems
+
+
+def sliding_layer(config: TransformerConfig, layer: int) -> bool:
+    """Whether layer `layer` (0-based) is a sliding-window (local) layer: its letter of
+    config.sliding_window_pattern (cycled), else from sliding_window_from_layer on; never
+    without config.sliding_window."""
+    if config.sliding_window is None:
+        return False
+    pattern = config.sliding_window_pattern
+    if pattern is not None:
+        return pattern[layer % len(pattern)] == "s"
+    return layer >= config.sliding_window_from_layer
 
 
 # ----------------------------------------------------------------------------- validation
@@ -360,6 +427,16 @@ FIELD_RULES = {
     "qk_norm": Bool(),
     "sliding_window": Int(min=1, optional=True, why="(None = no window)"),
     "sliding_window_from_layer": Int(min=0),
+    "norm_weight_offset": Bool(),
+    "sliding_window_pattern": Text(optional=True),
+    "rope_local_theta": Float(gt=0.0, optional=True),
+    "attention_scale_dim": Float(gt=0.0, optional=True),
+    "attention_logit_softcap": Float(gt=0.0, optional=True),
+    "final_logit_softcap": Float(gt=0.0, optional=True),
+    "sublayer_output_norm": Bool(),
+    "rotary_fraction": Float(gt=0.0, le=1.0),
+    "rope_short_factors": Floats(),
+    "rope_long_factors": Floats(),
 }
 
 

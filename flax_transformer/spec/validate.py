@@ -163,7 +163,23 @@ class Text:
         return None if isinstance(value, str) else f"must be a string, got {value!r}"
 
 
-Rule = Int | Float | Bool | Choice | Text
+@dataclasses.dataclass(frozen=True)
+class Floats:
+    """A non-empty list (or tuple) of finite numbers > 0; None allowed when `optional`."""
+
+    optional: bool = True
+
+    def problem(self, value) -> str | None:
+        """The message "must be a list of finite numbers > 0, got ..." unless `value` is one
+        (or None when optional), else None."""
+        if value is None and self.optional:
+            return None
+        ok = isinstance(value, list | tuple) and len(value) > 0
+        ok = ok and all(_is_number(v) and math.isfinite(v) and v > 0 for v in value)
+        return None if ok else f"must be a list of finite numbers > 0, got {value!r}"
+
+
+Rule = Int | Float | Bool | Choice | Text | Floats
 SEED = Int(min=0, max=2**32 - 1)  # what both numpy's and JAX's PRNGs accept
 
 

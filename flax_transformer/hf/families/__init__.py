@@ -13,11 +13,15 @@ from flax_transformer.hf.families.bart import BART
 from flax_transformer.hf.families.bert import BERT
 from flax_transformer.hf.families.distilbert import DISTILBERT
 from flax_transformer.hf.families.family import Family, FusedQKV, UnsupportedConfigError
+from flax_transformer.hf.families.gemma import GEMMA
+from flax_transformer.hf.families.gemma2 import GEMMA2
+from flax_transformer.hf.families.gemma3_text import GEMMA3_TEXT
 from flax_transformer.hf.families.gpt2 import GPT2
 from flax_transformer.hf.families.llama import LLAMA
 from flax_transformer.hf.families.marian import MARIAN
 from flax_transformer.hf.families.mbart import MBART
 from flax_transformer.hf.families.mistral import MISTRAL
+from flax_transformer.hf.families.phi3 import PHI3
 from flax_transformer.hf.families.qwen2 import QWEN2
 from flax_transformer.hf.families.qwen3 import QWEN3
 from flax_transformer.hf.families.roberta import ROBERTA
@@ -25,7 +29,7 @@ from flax_transformer.hf.families.t5 import T5
 
 FAMILIES: tuple[Family, ...] = (
     *(MARIAN, BART, MBART, GPT2, T5, BERT, ROBERTA, DISTILBERT),
-    *(LLAMA, MISTRAL, QWEN2, QWEN3),
+    *(LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3_TEXT, PHI3),
 )
 _BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 MODEL_TYPES: tuple[str, ...] = tuple(_BY_MODEL_TYPE)

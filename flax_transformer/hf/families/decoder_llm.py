@@ -12,6 +12,7 @@ q/k norms, how its sliding window is declared); `family()` builds its Family.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -223,7 +224,8 @@ def config_switches(hf: HFConfig, problems: list[str], defaults: dict) -> dict:
     )
 
 
-def _renames(hf: HFConfig) -> tuple[tuple[str, str], ...]:
+def renames(hf: HFConfig) -> tuple[tuple[str, str], ...]:
+    """(transformers' name, this project's) of every weight of these decoders."""
     attention = "model.layers.{i}.self_attn."
     ours = "decoder.layers.{i}."
     return (
@@ -249,9 +251,11 @@ def family(
     architecture: str,
     switches: Callable[[HFConfig, list[str], list[str]], dict],
     field_types: dict | None = None,
+    **overrides,
 ) -> Family:
-    """The Family of one of these decoders: `switches` its config_to_switches."""
-    return Family(
+    """The Family of one of these decoders: `switches` its config_to_switches; `overrides`
+    replace the shared Family fields (another activation key, other weight names)."""
+    shared = Family(
         model_types=(model_type,),
         kind=LM,
         architectures=(f"{architecture}ForCausalLM", f"{architecture}Model"),
@@ -260,7 +264,7 @@ def family(
         default_activation="silu",
         activation_key="hidden_act",
         config_to_switches=switches,
-        weight_renames=_renames,
+        weight_renames=renames,
         prefix="model.",
         tied_groups=lambda hf: [["model.embed_tokens.weight", "lm_head.weight"]],
         # transformers 4.3x and older checkpoints stored the rotary frequencies: a constant.
@@ -269,3 +273,4 @@ def family(
         width_and_heads=(),
         bare_architectures=(f"{architecture}Model",),
     )
+    return dataclasses.replace(shared, **overrides)

@@ -33,12 +33,24 @@ def first_id(value) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class FusedQKV:
-    """One Hugging Face tensor holding query | key | value along its last axis (GPT-2's
-    c_attn), split into the canonical three and concatenated back."""
+    """One Hugging Face tensor holding several canonical ones side by side along its output
+    axis (GPT-2's c_attn: query | key | value; Phi-3's qkv_proj and gate_up_proj), split into
+    them on load and concatenated back on save."""
 
     hf_template: str  # "transformer.h.{i}.attn.c_attn.{p}"
-    canonical_template: str  # "decoder.layers.{i}.self_attn.{name}.{p}"; name: query|key|value
+    canonical_template: str  # "decoder.layers.{i}.self_attn.{name}.{p}"; name: one of `names`
     transposed: bool  # the HF weight is stored (in, out) (Conv1D), Linear's is (out, in)
+    names: tuple[str, ...] = ("query", "key", "value")
+    # sizes(hf_config) -> each part's width (None: equal parts; grouped-query: q wider than k).
+    sizes: Callable[[Mapping[str, Any]], tuple[int, ...]] | None = None
+
+    def widths(self, hf_config: Mapping[str, Any]):
+        """The parts' widths for this config, or their count when equal (LazyArray.split)."""
+        return len(self.names) if self.sizes is None else self.sizes(hf_config)
+
+    def axis(self, leaf: str) -> int:
+        """The fused axis of the HF tensor's `leaf` (weight | bias): the output axis."""
+        return -1 if self.transposed or leaf == "bias" else 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # compared (and hashed) by identity
@@ -82,6 +94,7 @@ class Family:
     # HF weights stored (in, out) (Conv1D), transposed to Linear's (out, in).
     transposed_keys: re.Pattern | None = None
     fused_qkv: FusedQKV | None = None
+    fused_ffn: FusedQKV | None = None  # the feed-forward's fused tensor (Phi-3's gate_up_proj)
     # A (1, V) final_logits_bias buffer after the head (zeros when a file lacks it).
     final_logits_bias: bool = False
     # target_vocab(hf_config) -> the decoder's vocabulary size.
@@ -118,6 +131,11 @@ class Family:
     # Architectures whose save_pretrained writes the keys without `prefix` (a base model:
     # BertModel writes embeddings.*, BertForSequenceClassification bert.embeddings.*).
     bare_architectures: tuple[str, ...] = ()
+
+    @property
+    def fused(self) -> tuple[FusedQKV, ...]:
+        """The family's fused tensors (fused_qkv, fused_ffn), those it has."""
+        return tuple(f for f in (self.fused_qkv, self.fused_ffn) if f is not None)
 
     @property
     def name(self) -> str:
