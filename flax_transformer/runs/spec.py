@@ -130,6 +130,7 @@ class TrainSpec:
     process_id: int | None = _default(DistributedOptions, "process_id")
 
     def replace(self, **changes) -> TrainSpec:
+        """A copy with `changes` (field=value) applied."""
         return dataclasses.replace(self, **changes)
 
 
