@@ -261,6 +261,8 @@ def test_lm_switches_float64(rng, variant):
         assert_close(flax_out, torch_out, **F64, what=f"LM logits ({variant}, {pos is None})")
 
 
+# A long cell (the fast suite is at its 8-minute budget): the slow pass (`pytest -m slow`, CI).
+@pytest.mark.slow
 def test_decoder_start_equal_to_pad_is_seen_only_without_target_padding_mask(rng):
     """Marian starts decoding with its pad id. The paper default hides pad keys (so the first
     query sees nothing); mask_target_padding=False is causal only, as transformers is."""

@@ -256,7 +256,12 @@ def test_transformer_encoder_stack_parity(
     assert_close(actual, expected, **F64, what=f"nn.TransformerEncoder (fast={fast})")
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["regular-path", "fast-path"])
+# torch's fast path in the slow pass, as for the encoder stack above.
+@pytest.mark.parametrize(
+    "fast",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["regular-path", "fast-path"],
+)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     layers=layer_settings(),
@@ -439,6 +444,8 @@ def test_jit_and_float32():
         assert_close(actual, expected, rtol=1e-5, what=f"float32 (fast={fast})")
 
 
+# A long cell (the fast suite is at its 8-minute budget): the slow pass (`pytest -m slow`, CI).
+@pytest.mark.slow
 def test_dropout_only_when_not_deterministic():
     torch_model = small_transformer(dropout=0.3)
     module, params = from_torch(torch_model)

@@ -91,7 +91,7 @@ CASES = [
     pytest.param((SEQ2SEQ, "sinusoidal"), marks=pytest.mark.slow),
     pytest.param((SEQ2SEQ, "learned"), marks=pytest.mark.slow),
     pytest.param((LM, "sinusoidal"), marks=pytest.mark.slow),
-    (LM, "learned"),
+    pytest.param((LM, "learned"), marks=pytest.mark.slow),  # ~30 s: the 8-minute budget
 ]
 
 

@@ -197,7 +197,9 @@ def test_growing_lengths():
     assert growing_lengths(32, 40) == (40,)  # the first length holds the prefix and one more
 
 
-@pytest.mark.parametrize("kind", ["seq2seq", pytest.param("lm", marks=pytest.mark.slow)])
+# A long cell (the fast suite is at its 8-minute budget): the slow pass (`pytest -m slow`, CI).
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 def test_a_growing_cache_decodes_as_one_of_full_length(kind, request, monkeypatch):
     """Caches that grow 4 -> 8 -> 10 (seq2seq) or 4 -> 8 -> 15 (the LM, its 3-token prefill):
     greedy gives torch's tokens, beam search the tokens and scores of one full-length cache."""
@@ -380,6 +382,8 @@ def test_sampled_tokens_respect_top_k_and_top_p(lm):
 # ------------------------------------------------------------------------------- wrappers
 
 
+# A long cell (the fast suite is at its 8-minute budget): the slow pass (`pytest -m slow`, CI).
+@pytest.mark.slow
 def test_wrappers_equal_generate(seq2seq, lm):
     """The six historical names are one call of generate each (same compiled loops as above)."""
     model, params, src, eos, _ = seq2seq

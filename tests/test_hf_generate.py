@@ -119,7 +119,12 @@ def test_greedy_token_identical_with_eos(models, model_type):
 
 
 @pytest.mark.parametrize(
-    "name", ["opus", "opus_wide", pytest.param("bart", marks=pytest.mark.slow)]
+    "name",
+    [  # opus_wide and bart in the slow pass (the fast suite is at its 8-minute budget)
+        "opus",
+        pytest.param("opus_wide", marks=pytest.mark.slow),
+        pytest.param("bart", marks=pytest.mark.slow),
+    ],
 )
 def test_beam_search_token_identical(models, name):
     """num_beams 4, length_penalty 1.0 and 0.6, early_stopping True, on a ragged batch where

@@ -142,6 +142,8 @@ def test_train_step_learns_and_is_deterministic(learner):
         np.testing.assert_array_equal(a, b)
 
 
+# A long cell (the fast suite is at its 8-minute budget): the slow pass (`pytest -m slow`, CI).
+@pytest.mark.slow
 def test_dropout_key_changes_with_step(learner):
     _, _, step, _, state = learner
     batch = make_batch()
