@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 
 from flax_transformer.files.atomic_io import remove_tree
 from flax_transformer.files.space import is_out_of_space
+from flax_transformer.interop.safetensors_stream import LazyArray
 from flax_transformer.training.checkpoint_files import damage, record_files, short_error
 from flax_transformer.training.distributed import is_primary
 from flax_transformer.training.state import TrainState
@@ -304,6 +305,41 @@ class Checkpointer:
         return self._restore(
             step, params=ocp.args.StandardRestore(_on_this_process(abstract_params))
         )["params"]
+
+    def lazy_params(self, abstract_params: Any, step: int | None = None):
+        """The params of `step` (default: the latest) shaped like `abstract_params`, each leaf a
+        LazyArray that restores that leaf alone (as a numpy array) when it is read: a writer
+        that reads them in turn (hf export) holds one tensor at a time, never the whole model.
+        CheckpointReadError naming the step and the leaf if one cannot be read."""
+        step = self.latest_step() if step is None else step
+        directory = self.directory / str(step) / "params"
+        reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+
+        def leaf_reader(path, leaf):
+            keys = tuple(str(k.key) for k in path)
+            item, args = leaf, ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
+            for key in reversed(keys):  # the tree holding this leaf alone
+                item, args = {key: item}, {key: args}
+
+            def read():
+                try:
+                    tree = reader.restore(
+                        directory,
+                        args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
+                    )
+                except Exception as err:  # Orbax / tensorstore raise many types
+                    why = damage(self.directory / str(step)) or short_error(err)
+                    raise CheckpointReadError(
+                        f"checkpoint step {step} in {self.directory}: parameter "
+                        f"{'/'.join(keys)} cannot be restored: {why}"
+                    ) from None
+                for key in keys:
+                    tree = tree[key]
+                return tree
+
+            return LazyArray(leaf.shape, leaf.dtype, read, owned=True)
+
+        return jax.tree_util.tree_map_with_path(leaf_reader, abstract_params)
 
     def param_shapes(self, step: int) -> dict[tuple[str, ...], tuple[int, ...]]:
         """{Flax path: shape} of the params saved at `step`, read from Orbax's metadata (no
