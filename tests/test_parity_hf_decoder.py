@@ -108,3 +108,32 @@ def test_ftx_parity_hf_on_a_directory(llms, capsys, tmp_path):
     assert rows["model.layers.1.self_attn.o_proj"]["shape"][:2] == [3, 7]
     assert main(["--hf", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """(transformers' tiny random GPT-2, its save_pretrained directory)."""
+    from . import hf_models
+
+    torch_model = hf_models.build("gpt2").eval()
+    return torch_model, hf_models.save(torch_model, tmp_path_factory.mktemp("gpt2"))
+
+
+def test_gpt2_is_the_same_machinery(gpt2):
+    """GPT-2 through the same report: within 1e-12 (its fused c_attn, which the Flax side holds
+    as three values, and the tied lm_head left out), a perturbed c_fc kernel named there."""
+    torch_model, path = gpt2
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(1))
+    with jax.enable_x64(True):
+        model = hf.load(path, dtype="float64")
+        report = compare_hf_decoder(torch_model, model, ids, mask, positions, rtol=1e-12)
+        assert report.ok, report.format_table()
+        missing = {t.module.split(".")[-1] for t in report.tensors if t.status == STATUS_MISSING}
+        assert missing == {"c_attn", "lm_head"}
+        assert report["transformer.wpe"].compared > 0  # the rows each token reads
+        variables = jax.tree.map(np.array, model.variables)
+        variables["params"]["decoder"]["layers_1"]["ffn"]["linear1"]["kernel"][2, 7] += 1e-6
+        broken = dataclasses.replace(model, variables=variables)
+        report = compare_hf_decoder(torch_model, broken, ids, mask, positions, rtol=1e-12)
+    assert report.first_divergence == "transformer.h.1.mlp.c_fc", report.format_table()
+    assert report.diagnosis.verdict == WEIGHTS_DIFFER

@@ -8,7 +8,7 @@ A's weights run in Flax, B's weights run in the torch twin (pass the same file t
 the two implementations against each other). A and B are torch_reference or Flax safetensors
 files (or `.pt` state_dicts with --config) or run directories.
     ftx parity --hf HF_DIR [--input TEXT ...]
-A save_pretrained directory of the Llama lineage (llama, mistral, qwen2, qwen3): transformers'
+A save_pretrained directory of a decoder LM (llama, mistral, qwen2, qwen3, gpt2): transformers'
 PyTorch model against `hf.load`'s Flax one, module by module (parity/hf_decoder.py), on a
 random left-padded batch (--batch-size rows of at most --src-len tokens) or --input texts.
 """
@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hf",
         metavar="HF_DIR",
-        help="instead of A B: a save_pretrained directory of the Llama lineage (llama, mistral, "
-        "qwen2, qwen3), transformers' model against hf.load's Flax model, module by module "
+        help="instead of A B: a save_pretrained directory of a decoder LM (llama, mistral, "
+        "qwen2, qwen3, gpt2), transformers' model against hf.load's Flax model, module by module "
         "(in float64 transformers' RMS norms and rotary tables run in float64 too)",
     )
     parser.add_argument(
@@ -291,7 +291,7 @@ def run_hf(args: argparse.Namespace) -> ParityReport:
 
     from flax_transformer import hf
     from flax_transformer.parity.hf_decoder import (
-        FAMILIES,
+        LAYOUTS,
         compare_hf_decoder,
         random_left_padded,
     )
@@ -301,10 +301,10 @@ def run_hf(args: argparse.Namespace) -> ParityReport:
         raise ParityInputError(f"--hf {path}: no config.json (not a save_pretrained directory)")
     with jax.enable_x64(args.dtype == "float64"):
         model = hf.load(path, dtype=args.dtype)
-        if model.model_type not in FAMILIES:
+        if model.model_type not in LAYOUTS:
             raise ParityInputError(
-                f"--hf {path}: a {model.model_type!r} model; --hf compares the Llama lineage "
-                f"({', '.join(FAMILIES)}); for the BERT family use parity.compare_hf_encoder"
+                f"--hf {path}: a {model.model_type!r} model; --hf compares decoder LMs "
+                f"({', '.join(LAYOUTS)}); for the BERT family use parity.compare_hf_encoder"
             )
         if args.target:
             raise ParityInputError("--target is for seq2seq runs; --hf compares decoder LMs")

@@ -1,6 +1,7 @@
-"""compare_modules for the Llama lineage: transformers' PyTorch Llama, Mistral, Qwen2 and Qwen3
-causal LMs against this project's Flax decoder of the same checkpoint
-(`flax_transformer.hf.load(path)`), without writing the module-name mapping by hand.
+"""compare_modules for decoder LMs: transformers' PyTorch Llama, Mistral, Qwen2, Qwen3 (and
+GPT-2: the same machinery, its own names) causal LMs against this project's Flax decoder of the
+same checkpoint (`flax_transformer.hf.load(path)`), without writing the module-name mapping by
+hand.
 
     report = compare_hf_decoder(torch_model, hf.load(path), ids, mask)
     report.ok, report.first_divergence, report.diagnosis.verdict, print(report.format_table())
@@ -8,10 +9,12 @@ causal LMs against this project's Flax decoder of the same checkpoint
 Every module output is compared in torch execution order (embed_tokens, each layer's
 input_layernorm, q/k/v/o projections, q/k norms, self_attn, post_attention_layernorm,
 gate/up/down projections, mlp and the layer itself, the final norm, lm_head, the logits);
-padded tokens are left out. `decoder_module_names(tied)` is the mapping. Modules whose value the
-Flax side does not have are EXCLUDE, listed as "missing": the rotary tables (the Flax attention
-computes them inside), the gate's activation alone (the Flax feed-forward keeps silu(gate) * up
-only) and, with tied embeddings, lm_head (its output is the logits, compared at the root).
+padded tokens are left out. `decoder_module_names(tied, model_type)` is the mapping. Modules
+whose value the Flax side does not have are EXCLUDE, listed as "missing": the rotary tables
+(the Flax attention computes them inside), the gate's activation alone (the Flax feed-forward
+keeps silu(gate) * up only), GPT-2's fused c_attn (three values on the Flax side) and, with
+tied embeddings, lm_head (its output is the logits, compared at the root). GPT-2's position
+rows are compared as the rows each token reads (the Flax module's output minus its input).
 
 transformers computes RMSNorm and the rotary tables in float32 even in a float64 model (about
 1e-7 relative). In float64 `compare_hf_decoder` therefore runs transformers with those two
@@ -33,6 +36,7 @@ from flax_transformer.parity.inputs import ParityInputError
 from flax_transformer.parity.modules import compare_modules
 from flax_transformer.parity.pairing import EXCLUDE
 from flax_transformer.parity.report import ParityReport
+from flax_transformer.parity.transforms import minus_input
 
 # transformers' model_type -> the class prefix of its RMSNorm / RotaryEmbedding.
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -54,34 +58,65 @@ DECODER_LAYER = {
     "mlp.down_proj": "ffn/linear2",
     "mlp": "ffn",
 }
-BASE = {
+LLAMA_BASE = {
     "embed_tokens": "tgt_embed",
     "rotary_emb": EXCLUDE,  # cos / sin tables: computed inside the Flax attention
     "norm": "decoder/norm",
 }
-_LAYER = re.compile(r"layers\.(\d+)(?:\.(.+))?")
+# GPT-2 (`transformer.h.N.`): the same machinery, its own names. Its fused c_attn (q, k and v in
+# one output) has no single Flax value (the Flax side has three): EXCLUDE.
+GPT2_LAYER = {
+    "ln_1": "norm1",
+    "attn.c_attn": EXCLUDE,
+    "attn.c_proj": "self_attn/out",
+    "attn.resid_dropout": "Dropout_0",
+    "attn": "self_attn",
+    "ln_2": "norm2",
+    "mlp.c_fc": "ffn/linear1",
+    "mlp.act": "ffn/Dropout_0",  # Flax calls the activation as a function; the dropout keeps it
+    "mlp.c_proj": "ffn/linear2",
+    "mlp.dropout": "Dropout_1",
+    "mlp": "ffn",
+}
+GPT2_BASE = {
+    "wte": "tgt_embed",
+    "wpe": "pos_embed",  # the rows each token reads: the Flax module adds them to its input
+    "drop": "embed_dropout",
+    "ln_f": "decoder/norm",
+}
+# model_type -> (the base model's name, its layer list, a layer's modules, the base's modules)
+LAYOUTS = {
+    **{model_type: ("model", "layers", DECODER_LAYER, LLAMA_BASE) for model_type in FAMILIES},
+    "gpt2": ("transformer", "h", GPT2_LAYER, GPT2_BASE),
+}
+FLAX_TRANSFORMS = {"gpt2": {"pos_embed": minus_input()}}
 
 
-def decoder_module_names(tied: bool = False):
-    """The mapping (torch module name -> Flax path, None or EXCLUDE) for a Llama-lineage
-    `*ForCausalLM` (or bare `*Model`) against `hf.load(path).module`; `tied`: the model ties
-    lm_head to the embeddings (`hf.load(path).config.tie_output`)."""
+def decoder_module_names(tied: bool = False, model_type: str = "llama"):
+    """The mapping (torch module name -> Flax path, None or EXCLUDE) for a `*ForCausalLM` of
+    `model_type` (the Llama lineage or "gpt2"; a bare `*Model` too) against
+    `hf.load(path).module`; `tied`: the model ties lm_head to the embeddings
+    (`hf.load(path).config.tie_output`)."""
+    if model_type not in LAYOUTS:
+        raise ParityInputError(f"model_type {model_type!r} is not one of {sorted(LAYOUTS)}")
+    base, layers, layer_parts, fixed = LAYOUTS[model_type]
+    layer = re.compile(rf"{layers}\.(\d+)(?:\.(.+))?")
 
     def mapping(name: str):
         if name == "lm_head":
             return EXCLUDE if tied else "lm_head"
-        if name == "model":  # the base model inside the LM: its last hidden state
+        if name == base:  # the base model inside the LM: its last hidden state
             return "decoder"
-        inner = name.removeprefix("model.")
-        if inner in BASE:
-            return BASE[inner]
-        match = _LAYER.fullmatch(inner)
+        inner = name.removeprefix(base + ".")
+        if inner in fixed:
+            return fixed[inner]
+        match = layer.fullmatch(inner)
         if match is None:
             return None  # the root: the canonical rule pairs it
         index, rest = match.groups()
         if rest is None:
             return f"decoder/layers_{index}"
-        target = DECODER_LAYER.get(rest)
+        target = layer_parts.get(rest)
         if target is None or target is EXCLUDE:
             return target
         return f"decoder/layers_{index}/{target}"
@@ -207,19 +242,20 @@ def compare_hf_decoder(
     patch_float32_parts: bool = True,
 ) -> ParityReport:
     """compare_modules of transformers' `torch_model` (LlamaForCausalLM, Mistral..., Qwen2...,
-    Qwen3...) against `hf_model` (what `flax_transformer.hf.load` returns, or anything with its
-    `.module`, `.variables`, `.config` and `.hf_config`) on one batch: `input_ids` (batch, len),
-    `attention_mask` (nonzero on real tokens; None: all real), `position_ids` (None: as
-    transformers' generate makes them for a left-padded batch). Both sides run at `dtype`
-    (float64: float64 copies of the weights; transformers' RMS norms and rotary tables patched
-    to float64 unless `patch_float32_parts` is False). Padded tokens are left out. To find a
-    bug in your own Flax variables or config, pass `dataclasses.replace(hf_model,
-    variables=...)` (or `module=`)."""
+    Qwen3..., GPT2LMHeadModel) against `hf_model` (what `flax_transformer.hf.load` returns, or
+    anything with its `.module`, `.variables`, `.config` and `.hf_config`) on one batch:
+    `input_ids` (batch, len), `attention_mask` (nonzero on real tokens; None: all real),
+    `position_ids` (None: as transformers' generate makes them for a left-padded batch). Both
+    sides run at `dtype` (float64: float64 copies of the weights; the Llama lineage's RMS norms
+    and rotary tables patched to float64 in transformers unless `patch_float32_parts` is
+    False). Padded tokens are left out. To find a bug in your own Flax variables or config,
+    pass `dataclasses.replace(hf_model, variables=...)` (or `module=`)."""
     model_type = hf_model.hf_config.get("model_type")
     torch_type = getattr(getattr(torch_model, "config", None), "model_type", None)
-    if model_type not in FAMILIES:
+    if model_type not in LAYOUTS:
         raise ParityInputError(
-            f"model_type {model_type!r} is not of the Llama lineage (one of {sorted(FAMILIES)})"
+            f"model_type {model_type!r} is not a decoder LM this compares (one of "
+            f"{sorted(LAYOUTS)})"
         )
     if torch_type != model_type:
         raise ParityInputError(
@@ -244,7 +280,7 @@ def compare_hf_decoder(
     torch_kwargs = {k: torch.from_numpy(np.asarray(v, np.int64)) for k, v in inputs.items()}
     causal = np.asarray(make_causal_mask(ids.shape[1]))
     flax_kwargs = {"mask": causal & mask[:, None, None, :], "positions": positions.astype(np.int32)}
-    patched = patch_float32_parts and dtype == "float64"
+    patched = patch_float32_parts and dtype == "float64" and model_type in FAMILIES
     context = (
         transformers_float64_norms_and_rotary(hf_model.config)
         if patched
@@ -262,7 +298,8 @@ def compare_hf_decoder(
             dtype=dtype,
             rtol=rtol,
             mask=real_tokens(mask),
-            mapping=decoder_module_names(bool(hf_model.config.tie_output)),
+            mapping=decoder_module_names(bool(hf_model.config.tie_output), model_type),
+            flax_transforms=FLAX_TRANSFORMS.get(model_type),
         )
     what = "RMSNorm and rotary tables in float64" if patched else "as it is"
     info = {**report.info, "transformers": what}
