@@ -81,8 +81,9 @@ def test_export_of_the_import_is_the_original(imported, tmp_path):
 
 def test_export_restores_each_parameter_when_it_is_written(imported, tmp_path, capsys):
     """hf export reads the run lazily (load_run(lazy=True)): each parameter a LazyArray that
-    restores that leaf alone from the checkpoint, equal to the eager restore; nothing is read
-    before it is asked for. A damaged checkpoint is one line, exit 2, and no HF_DIR."""
+    restores its layer from the checkpoint when read, equal to the eager restore (read twice
+    too); nothing is read before it is asked for. A damaged checkpoint is one line, exit 2, and
+    no HF_DIR."""
     import shutil
 
     from flax_transformer.interop.safetensors_stream import LazyArray
@@ -96,12 +97,13 @@ def test_export_restores_each_parameter_when_it_is_written(imported, tmp_path, c
     assert len(paths) == len(leaves)
     for (path, value), leaf in zip(paths, leaves, strict=True):
         np.testing.assert_array_equal(np.asarray(leaf), value, err_msg=str(path))
+    np.testing.assert_array_equal(np.asarray(leaves[-1]), paths[-1][1])  # read again
     damaged = tmp_path / "run"
     shutil.copytree(run_dir, damaged)
     opened = load_run(damaged, lazy=True).params  # the arrays are read when written
     for path in sorted((damaged / "checkpoints" / "0" / "params").rglob("d/*")):
         path.unlink()
-    with pytest.raises(CheckpointReadError, match="checkpoint step 0 .*: parameter .* cannot be"):
+    with pytest.raises(CheckpointReadError, match="checkpoint step 0 .*: parameters .* cannot be"):
         np.asarray(jax.tree.leaves(opened, is_leaf=lambda x: isinstance(x, LazyArray))[0])
     assert hf_main(["export", str(damaged), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

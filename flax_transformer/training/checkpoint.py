@@ -308,38 +308,67 @@ class Checkpointer:
 
     def lazy_params(self, abstract_params: Any, step: int | None = None):
         """The params of `step` (default: the latest) shaped like `abstract_params`, each leaf a
-        LazyArray that restores that leaf alone (as a numpy array) when it is read: a writer
-        that reads them in turn (hf export) holds one tensor at a time, never the whole model.
-        CheckpointReadError naming the step and the leaf if one cannot be read."""
+        LazyArray restored (as a numpy array) when it is read: a writer that reads them in turn
+        (hf export) holds about one layer at a time, never the whole model. The leaves of one
+        module group (the first two levels of the path: `decoder/layers_3`) are restored
+        together on the first read of any of them (one Orbax call per layer, not per tensor)
+        and each is let go once read. CheckpointReadError naming the step and the group if one
+        cannot be read."""
         step = self.latest_step() if step is None else step
         directory = self.directory / str(step) / "params"
         reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
-
-        def leaf_reader(path, leaf):
+        groups: dict[tuple[str, ...], dict[tuple[str, ...], Any]] = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
             keys = tuple(str(k.key) for k in path)
-            item, args = leaf, ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
-            for key in reversed(keys):  # the tree holding this leaf alone
-                item, args = {key: item}, {key: args}
+            groups.setdefault(keys[:2], {})[keys] = leaf
+        held: dict[tuple[str, ...], dict[tuple[str, ...], np.ndarray]] = {}
 
-            def read():
-                try:
-                    tree = reader.restore(
-                        directory,
-                        args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
-                    )
-                except Exception as err:  # Orbax / tensorstore raise many types
-                    why = damage(self.directory / str(step)) or short_error(err)
-                    raise CheckpointReadError(
-                        f"checkpoint step {step} in {self.directory}: parameter "
-                        f"{'/'.join(keys)} cannot be restored: {why}"
-                    ) from None
+        def restore(group: tuple[str, ...]) -> dict[tuple[str, ...], np.ndarray]:
+            item: dict = {}
+            args: dict = {}
+            for keys, leaf in groups[group].items():
+                node_item, node_args = item, args
+                for key in keys[:-1]:
+                    node_item = node_item.setdefault(key, {})
+                    node_args = node_args.setdefault(key, {})
+                node_item[keys[-1]] = leaf
+                node_args[keys[-1]] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
+            try:
+                tree = reader.restore(
+                    directory,
+                    args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
+                )
+            except Exception as err:  # Orbax / tensorstore raise many types
+                why = damage(self.directory / str(step)) or short_error(err)
+                raise CheckpointReadError(
+                    f"checkpoint step {step} in {self.directory}: parameters "
+                    f"{'/'.join(group)} cannot be restored: {why}"
+                ) from None
+            out = {}
+            for keys in groups[group]:
+                node = tree
                 for key in keys:
-                    tree = tree[key]
-                return tree
+                    node = node[key]
+                out[keys] = node
+            return out
+
+        def lazy(keys: tuple[str, ...], leaf) -> LazyArray:
+            group = keys[:2]
+
+            def read() -> np.ndarray:
+                arrays = held.get(group)
+                if arrays is None or keys not in arrays:  # first read (or a second one)
+                    arrays = held[group] = restore(group)
+                array = arrays.pop(keys)
+                if not arrays:
+                    del held[group]
+                return array
 
             return LazyArray(leaf.shape, leaf.dtype, read, owned=True)
 
-        return jax.tree_util.tree_map_with_path(leaf_reader, abstract_params)
+        return jax.tree_util.tree_map_with_path(
+            lambda path, leaf: lazy(tuple(str(k.key) for k in path), leaf), abstract_params
+        )
 
     def param_shapes(self, step: int) -> dict[tuple[str, ...], tuple[int, ...]]:
         """{Flax path: shape} of the params saved at `step`, read from Orbax's metadata (no
