@@ -309,30 +309,35 @@ class Checkpointer:
     def lazy_params(self, abstract_params: Any, step: int | None = None):
         """The params of `step` (default: the latest) shaped like `abstract_params`, each leaf a
         LazyArray restored (as a numpy array) when it is read: a writer that reads them in turn
-        (hf export) holds about one layer at a time, never the whole model. The leaves of one
-        module group (the first two levels of the path: `decoder/layers_3`) are restored
-        together on the first read of any of them (one Orbax call per layer, not per tensor)
-        and each is let go once read. CheckpointReadError naming the step and the group if one
-        cannot be read."""
+        (hf export) holds at most one layer at a time, never the whole model. The unread leaves
+        of one module group (the first two levels of the path: `decoder/layers_3`) are
+        restored together on the first read of any of them (one Orbax call per layer, not per
+        tensor), each let go once read, the group's rest when another group is read.
+        CheckpointReadError naming the step and the group if one cannot be read."""
         step = self.latest_step() if step is None else step
         directory = self.directory / str(step) / "params"
-        reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
         groups: dict[tuple[str, ...], dict[tuple[str, ...], Any]] = {}
         for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
             keys = tuple(str(k.key) for k in path)
             groups.setdefault(keys[:2], {})[keys] = leaf
         held: dict[tuple[str, ...], dict[tuple[str, ...], np.ndarray]] = {}
+        unread = {group: set(leaves) for group, leaves in groups.items()}
 
-        def restore(group: tuple[str, ...]) -> dict[tuple[str, ...], np.ndarray]:
+        def restore(group: tuple[str, ...], wanted: set) -> dict[tuple[str, ...], np.ndarray]:
             item: dict = {}
             args: dict = {}
             for keys, leaf in groups[group].items():
+                if keys not in wanted:
+                    continue
                 node_item, node_args = item, args
                 for key in keys[:-1]:
                     node_item = node_item.setdefault(key, {})
                     node_args = node_args.setdefault(key, {})
                 node_item[keys[-1]] = leaf
                 node_args[keys[-1]] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
+            # A reader per restore, closed at once: one left open (or closed by the garbage
+            # collector) has its background thread write a traceback at exit.
+            reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
             try:
                 tree = reader.restore(
                     directory,
@@ -344,8 +349,10 @@ class Checkpointer:
                     f"checkpoint step {step} in {self.directory}: parameters "
                     f"{'/'.join(group)} cannot be restored: {why}"
                 ) from None
+            finally:
+                reader.close()
             out = {}
-            for keys in groups[group]:
+            for keys in wanted:
                 node = tree
                 for key in keys:
                     node = node[key]
@@ -357,9 +364,14 @@ class Checkpointer:
 
             def read() -> np.ndarray:
                 arrays = held.get(group)
-                if arrays is None or keys not in arrays:  # first read (or a second one)
-                    arrays = held[group] = restore(group)
+                if arrays is None or keys not in arrays:  # its group's first read (or again)
+                    # One group in memory at a time: a group's leaves that another group's
+                    # reads come between (GPT-2's fused c_attn, written after the rest) are
+                    # restored again when asked for, not held meanwhile.
+                    held.clear()
+                    arrays = held[group] = restore(group, unread[group] | {keys})
                 array = arrays.pop(keys)
+                unread[group].discard(keys)
                 if not arrays:
                     del held[group]
                 return array
