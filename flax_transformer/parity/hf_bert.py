@@ -271,6 +271,7 @@ def real_tokens(mask: np.ndarray):
 
 
 def token_array(name: str, ids) -> np.ndarray:
+    """`ids` as (batch, len) int32; ParityInputError naming `name` for anything else."""
     array = np.asarray(ids)
     if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
         raise ParityInputError(f"{name} must be (batch, len) integer token ids, got {array.shape}")
