@@ -29,6 +29,15 @@ def float32_products_in_float32():
     yield
 
 
+@pytest.fixture(scope="session")
+def llms(tmp_path_factory):
+    """The tiny Llama-lineage models of tests/hf_llms.py, each built and trained by
+    transformers on first use and saved once per session: {cell: (torch model, directory)}."""
+    from tests.hf_llms import Models
+
+    return Models(tmp_path_factory)
+
+
 def pytest_report_header(config):
     """Which native kernels the session can run (their tests skip where one is not built: `ftx
     kernels build`), read without JAX and without loading them."""

@@ -5,10 +5,10 @@ Writes a synthetic bfloat16 checkpoint of at least `--gb` GB (random weights, st
 real model's shape straight with safetensors, sharded as transformers' save_pretrained shards
 (huggingface_hub's split, `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json`):
 `--family gpt2` GPT-2 XL's shape (1600 wide, 48 layers: 1.56 B parameters, 3.1 GB), `--family
-llama` Llama 3.2 3B's (3072 wide, 28 layers, 24 heads, 8 KV heads, tied: 3.2 B, 6.4 GB; needs
-the llama family registered). The tensor names and shapes come from transformers' class for the
-config built on the meta device (no weights are allocated), the tied copies left out as
-save_pretrained leaves them out. A tiny word-level tokenizer goes along (a run needs one).
+llama` Llama 3.2 3B's (3072 wide, 28 layers, 24 heads, 8 KV heads, tied: 3.2 B, 6.4 GB). The
+tensor names and shapes come from transformers' class for the config built on the meta device
+(no weights are allocated), the tied copies left out as save_pretrained leaves them out. A
+tiny word-level tokenizer goes along (a run needs one).
 
 Then, each in its own subprocess, timed, its peak resident set size its ru_maxrss (read
 in a small wrapper process, not in a fork of this one, which holds GBs):

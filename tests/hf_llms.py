@@ -8,10 +8,13 @@ transpose is a shape error.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
+
+from flax_transformer.parity.hf_decoder import (
+    left_padded_positions,
+    transformers_float64_norms_and_rotary,
+)
 
 VOCAB, BOS, EOS = 61, 1, 2
 SIZES = dict(
@@ -149,94 +152,26 @@ def left_padded(rng: np.random.Generator, lengths=(11, 6, 9, 3)):
     width = max(lengths)
     mask = (np.arange(width)[None] >= width - np.asarray(lengths)[:, None]).astype(np.int64)
     ids = np.where(mask == 1, rng.integers(3, VOCAB, (len(lengths), width)), 0)
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    positions = left_padded_positions(mask)
     return ids, mask, positions
 
 
-@contextlib.contextmanager
-def float64_norms_and_rotary(model_config):
-    """transformers' parts that compute in float32 even in a float64 model (~1e-7 relative
-    noise in the logits), computed in float64, the rest untouched:
-    - the RMS norms (Llama's kin and Gemma's offset ones cast to float32);
-    - the rotary tables: this project's float64 frequencies (longrope's: the table of each
-      call's length) (spec/rotary.py, checked against
-      transformers' to float32 rounding in parity_tests/test_llm_switches.py), installed into
-      each model's rotary module when it runs (Gemma 3: the local or global table by layer type);
-    - Gemma's embedding scale: a float32 buffer sqrt(hidden_size), kept at float32's rounding
-      by .double(); here sqrt(hidden_size) in the model's dtype;
-    - Gemma 2's eager attention softmax, in float32 whatever the input dtype: a float64 model's
-      mask minimum becomes -inf there and left-padded rows give NaN logits; here in the
-      input's dtype."""
-    import transformers.models as models
+# transformers' parts that compute in float32 even in a float64 model, in float64 (the parity
+# report's patch, parity/hf_decoder.py, where its docstring lists them).
+float64_norms_and_rotary = transformers_float64_norms_and_rotary
 
-    from flax_transformer.spec import rotary
 
-    def frequencies(position_ids, layer_type=None):
-        rope = rotary.layer_rope(model_config, layer_type == "sliding_attention")
-        if rope.rope_scaling == "longrope":  # the table of this call's length
-            length = int(position_ids.max()) + 1
-            inv_freq = torch.from_numpy(rotary.longrope_frequencies(rope, length, np))
-        else:
-            inv_freq = torch.from_numpy(rotary.inverse_frequencies(rope))
-        return inv_freq, rotary.attention_factor(rope)
+class Models(dict):
+    """{cell: (transformers model, saved directory)}, built and trained on first use (the
+    session fixture `llms` of conftest.py holds one)."""
 
-    def norm(self, hidden_states):
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
 
-    def offset_norm(self, x):
-        return self._norm(x) * (1.0 + self.weight)
-
-    def rope(self, x, position_ids, layer_type=None):
-        inv_freq, scale = frequencies(position_ids, layer_type)
-        freqs = position_ids[..., None].double() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
-
-    def scaled_embedding(self, input_ids):
-        scale = torch.tensor(self.scalar_embed_scale, dtype=self.weight.dtype)
-        return torch.nn.Embedding.forward(self, input_ids) * scale
-
-    gemma2 = models.gemma2.modeling_gemma2
-
-    def eager_softmax_in_input_dtype(
-        module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-        **kwargs,
-    ):  # fmt: skip
-        """gemma2.eager_attention_forward with its softmax in the input's dtype."""
-        key = gemma2.repeat_kv(key, module.num_key_value_groups)
-        value = gemma2.repeat_kv(value, module.num_key_value_groups)
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if softcap is not None:
-            weights = torch.tanh(weights / softcap) * softcap
-        if attention_mask is not None:
-            weights = weights + attention_mask
-        weights = torch.softmax(weights, dim=-1)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-    plain = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
-    plain["phi3"] = "Phi3"
-    gemmas = {"gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3"}
-    patched = []
-    for name, prefix in {**plain, **gemmas}.items():
-        module = getattr(getattr(models, name), f"modeling_{name}")
-        patched += [
-            (
-                getattr(module, f"{prefix}RMSNorm"),
-                "forward",
-                norm if name in plain else offset_norm,
-            ),
-            (getattr(module, f"{prefix}RotaryEmbedding"), "forward", rope),
-        ]
-        if name in gemmas:
-            scaled = getattr(module, f"{prefix}TextScaledWordEmbedding", None)
-            patched.append((scaled, "forward", scaled_embedding))
-    patched.append((gemma2, "eager_attention_forward", eager_softmax_in_input_dtype))
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patched]
-    for owner, attr, value in patched:
-        setattr(owner, attr, value)
-    try:
-        yield
-    finally:
-        for owner, attr, value in saved:
-            setattr(owner, attr, value)
+    def __missing__(self, name):
+        torch_model = build(name)
+        path = self.tmp_path_factory.mktemp(name)
+        torch_model.save_pretrained(path)
+        self[name] = (torch_model, path)
+        return self[name]

@@ -14,6 +14,7 @@ from flax_transformer import hf
 from flax_transformer.cli import generate as generate_cli
 from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.spec.numerics import assert_close
+from flax_transformer.training.checkpoint import CheckpointReadError
 from flax_transformer.training.run import load_run
 
 from . import hf_models
@@ -76,6 +77,38 @@ def test_export_of_the_import_is_the_original(imported, tmp_path):
     for key in before:
         np.testing.assert_array_equal(before[key], after[key], err_msg=key)
     assert (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_export_restores_each_parameter_when_it_is_written(imported, tmp_path, capsys):
+    """hf export reads the run lazily (load_run(lazy=True)): each parameter a LazyArray that
+    restores its layer from the checkpoint when read, equal to the eager restore (read twice
+    too); nothing is read before it is asked for. A damaged checkpoint is one line, exit 2, and
+    no HF_DIR."""
+    import shutil
+
+    from flax_transformer.interop.safetensors_stream import LazyArray
+
+    _, run_dir = imported
+    eager = load_run(run_dir).params
+    lazy = load_run(run_dir, lazy=True).params
+    leaves = jax.tree.leaves(lazy, is_leaf=lambda x: isinstance(x, LazyArray))
+    assert leaves and all(isinstance(leaf, LazyArray) for leaf in leaves)
+    paths = jax.tree_util.tree_flatten_with_path(eager)[0]
+    assert len(paths) == len(leaves)
+    for (path, value), leaf in zip(paths, leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(leaf), value, err_msg=str(path))
+    np.testing.assert_array_equal(np.asarray(leaves[-1]), paths[-1][1])  # read again
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    opened = load_run(damaged, lazy=True).params  # the arrays are read when written
+    for path in sorted((damaged / "checkpoints" / "0" / "params").rglob("d/*")):
+        path.unlink()
+    with pytest.raises(CheckpointReadError, match="checkpoint step 0 .*: parameters .* cannot be"):
+        np.asarray(jax.tree.leaves(opened, is_leaf=lambda x: isinstance(x, LazyArray))[0])
+    assert hf_main(["export", str(damaged), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step 0" in err and "is missing (deleted?)" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 def test_cli_errors(imported, tmp_path, capsys):

@@ -30,21 +30,6 @@ from tests.hf_llms import CELLS, EOS
 NEW = 8
 
 
-class Models(dict):
-    """{cell: (transformers model, saved directory)}, built and trained on first use."""
-
-    def __init__(self, tmp_path_factory):
-        super().__init__()
-        self.tmp_path_factory = tmp_path_factory
-
-    def __missing__(self, name):
-        torch_model = hf_llms.build(name)
-        path = self.tmp_path_factory.mktemp(name)
-        torch_model.save_pretrained(path)
-        self[name] = (torch_model, path)
-        return self[name]
-
-
 # Cells whose float64 / float32 / save checks run in the slow pass only (the fast suite's
 # budget): Gemma 2's cell covers what the Gemmas share (offset norms, the scaled embedding,
 # GeGLU, a tied head) and its own switches in the fast suite.
@@ -55,11 +40,6 @@ def battery_cells(*fast: str):
     """Every cell, those of SLOW_CELLS not in `fast` under the slow mark."""
     slow = [n for n in SLOW_CELLS if n not in fast]
     return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in CELLS]
-
-
-@pytest.fixture(scope="session")
-def llms(tmp_path_factory):
-    return Models(tmp_path_factory)
 
 
 def logits_pair(torch_model, path, dtype: str, patched: bool):

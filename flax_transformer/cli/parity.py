@@ -7,6 +7,10 @@ Exit 0: all within tolerance, 1: something out of tolerance, 2: bad input.
 A's weights run in Flax, B's weights run in the torch twin (pass the same file twice to check
 the two implementations against each other). A and B are torch_reference or Flax safetensors
 files (or `.pt` state_dicts with --config) or run directories.
+    ftx parity --hf HF_DIR [--input TEXT ...]
+A save_pretrained directory of a decoder LM (llama, mistral, qwen2, qwen3, gpt2): transformers'
+PyTorch model against `hf.load`'s Flax one, module by module (parity/hf_decoder.py), on a
+random left-padded batch (--batch-size rows of at most --src-len tokens) or --input texts.
 """
 
 from __future__ import annotations
@@ -149,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         "weights in Flax against the same weights in the torch twin)",
     )
     parser.add_argument(
+        "--hf",
+        metavar="HF_DIR",
+        help="instead of A B: a save_pretrained directory of a decoder LM (llama, mistral, "
+        "qwen2, qwen3, gpt2), transformers' model against hf.load's Flax model, module by module "
+        "(in float64 transformers' RMS norms and rotary tables run in float64 too)",
+    )
+    parser.add_argument(
         "--dtype",
         choices=RUN_DTYPES,
         default="float64",
@@ -201,7 +212,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     sources = list(args.sources)
-    if args.workdir is not None:
+    if args.hf is not None:
+        if sources or args.workdir is not None:
+            parser.error("--hf HF_DIR compares one directory: give no A B and no --workdir")
+        sources = [args.hf, args.hf]
+    elif args.workdir is not None:
         if len(sources) > 1:
             parser.error(f"--workdir {args.workdir} is A: give at most one positional (B)")
         sources = [args.workdir, sources[0] if sources else args.workdir]
@@ -225,6 +240,8 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
     """Load A and B, build (or encode from --input) a batch both accept, and compare A in Flax
     with B in the torch twin; the ParityReport. ParityInputError / ValueError for sources or
     inputs that do not fit together."""
+    if args.hf is not None:
+        return run_hf(args)
     config = TransformerConfig.load(args.config) if args.config else None
     a = load_source(args.a, config, args.model)
     b = load_source(args.b, config, args.model)
@@ -265,6 +282,57 @@ def run_cli(args: argparse.Namespace) -> ParityReport:
             "config_differences": {k: list(v) for k, v in diffs.items()},
         },
     )
+
+
+def run_hf(args: argparse.Namespace) -> ParityReport:
+    """--hf HF_DIR: transformers' model of the directory against hf.load's, module by module
+    (parity.hf_decoder.compare_hf_decoder), on a random left-padded batch or --input texts."""
+    import jax
+
+    from flax_transformer import hf
+    from flax_transformer.parity.hf_decoder import (
+        LAYOUTS,
+        compare_hf_decoder,
+        random_left_padded,
+    )
+
+    path = Path(args.hf)
+    if not (path / "config.json").is_file():
+        raise ParityInputError(f"--hf {path}: no config.json (not a save_pretrained directory)")
+    with jax.enable_x64(args.dtype == "float64"):
+        model = hf.load(path, dtype=args.dtype)
+        if model.model_type not in LAYOUTS:
+            raise ParityInputError(
+                f"--hf {path}: a {model.model_type!r} model; --hf compares decoder LMs "
+                f"({', '.join(LAYOUTS)}); for the BERT family use parity.compare_hf_encoder"
+            )
+        if args.target:
+            raise ParityInputError("--target is for seq2seq runs; --hf compares decoder LMs")
+        if args.input:
+            ids, mask = _encode_left_padded(model, args.input, path)
+        else:
+            ids, mask = random_left_padded(
+                model.config.tgt_vocab_size, args.batch_size, args.src_len, args.seed
+            )
+        import transformers
+
+        architecture = getattr(transformers, model.family.architecture(model.hf_config))
+        torch_model = architecture.from_pretrained(path).eval()
+        report = compare_hf_decoder(torch_model, model, ids, mask, dtype=args.dtype, rtol=args.tol)
+    label = (f"{path} (Flax, hf.load)", f"{path} (transformers)")
+    return dataclasses.replace(report, labels=label, info={**report.info, "hf_dir": str(path)})
+
+
+def _encode_left_padded(model, texts: list[str], path: Path):
+    """(input_ids, attention_mask) of `texts` by the directory's tokenizer, left-padded."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ParityInputError(f"--input needs a tokenizer: {path} has no tokenizer files")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token_id = model.config.pad_id  # masked out: any id will do
+    encoded = tokenizer(list(texts), padding=True, return_tensors="np")
+    return encoded["input_ids"], encoded["attention_mask"]
 
 
 @one_line_failures

@@ -6,7 +6,8 @@
 - `modules`: `compare_modules` / `assert_parity` for any torch module against any Flax port,
   with `module_capture`, `pairing`, `transforms` and `diagnosis` (the weight verdict);
   `hf_bert`: the BERT family's mapping for it (transformers' BERT, RoBERTa, DistilBERT against
-  `hf.load`'s Flax encoder) and `compare_hf_encoder`;
+  `hf.load`'s Flax encoder) and `compare_hf_encoder`; `hf_decoder`: the Llama lineage's
+  (Llama, Mistral, Qwen2, Qwen3 against `hf.load`'s Flax decoder) and `compare_hf_decoder`;
   `cli`: `python -m flax_transformer.parity A B`.
 """
 
@@ -23,6 +24,8 @@ _EXPORTS = {
     "bert_module_names": "flax_transformer.parity.hf_bert",
     "encoder_module_names": "flax_transformer.parity.hf_bert",
     "encoder_parity_options": "flax_transformer.parity.hf_bert",
+    "compare_hf_decoder": "flax_transformer.parity.hf_decoder",
+    "decoder_module_names": "flax_transformer.parity.hf_decoder",
     "ParityInputError": "flax_transformer.parity.inputs",
     "make_batch": "flax_transformer.parity.inputs",
     "batch_from_texts": "flax_transformer.parity.inputs",

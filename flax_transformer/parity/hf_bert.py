@@ -225,7 +225,7 @@ def compare_hf_encoder(
             f"the torch model is a {torch_type!r} model, the Flax one {model_type!r}: compare a "
             "checkpoint with the model it was loaded from"
         )
-    ids = _token_array("input_ids", input_ids)
+    ids = token_array("input_ids", input_ids)
     mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) != 0
     if mask.shape != ids.shape:
         raise ParityInputError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}")
@@ -237,7 +237,7 @@ def compare_hf_encoder(
     )
     flax_kwargs = {"src_mask": mask[:, None, None, :]}
     if token_type_ids is not None:
-        types = _token_array("token_type_ids", token_type_ids)
+        types = token_array("token_type_ids", token_type_ids)
         if types.shape != ids.shape:
             raise ParityInputError(f"token_type_ids has shape {types.shape}, input_ids {ids.shape}")
         torch_kwargs["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
@@ -252,12 +252,12 @@ def compare_hf_encoder(
         flax_kwargs=flax_kwargs,
         dtype=dtype,
         rtol=rtol,
-        mask=_real_tokens(mask),
+        mask=real_tokens(mask),
         **encoder_parity_options(model_type, hf_model.config.head),
     )
 
 
-def _real_tokens(mask: np.ndarray):
+def real_tokens(mask: np.ndarray):
     """The mask callable: a tensor of 3 or more axes led by (batch, len) keeps its real tokens'
     entries; others (a pooled row, a sequence head's logits, a position table) are compared
     whole, even when a width happens to equal len."""
@@ -270,7 +270,8 @@ def _real_tokens(mask: np.ndarray):
     return valid
 
 
-def _token_array(name: str, ids) -> np.ndarray:
+def token_array(name: str, ids) -> np.ndarray:
+    """`ids` as (batch, len) int32; ParityInputError naming `name` for anything else."""
     array = np.asarray(ids)
     if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
         raise ParityInputError(f"{name} must be (batch, len) integer token ids, got {array.shape}")

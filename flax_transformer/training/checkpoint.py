@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 
 from flax_transformer.files.atomic_io import remove_tree
 from flax_transformer.files.space import is_out_of_space
+from flax_transformer.interop.safetensors_stream import LazyArray
 from flax_transformer.training.checkpoint_files import damage, record_files, short_error
 from flax_transformer.training.distributed import is_primary
 from flax_transformer.training.state import TrainState
@@ -304,6 +305,82 @@ class Checkpointer:
         return self._restore(
             step, params=ocp.args.StandardRestore(_on_this_process(abstract_params))
         )["params"]
+
+    def lazy_params(self, abstract_params: Any, step: int | None = None):
+        """The params of `step` (default: the latest) shaped like `abstract_params`, each leaf a
+        LazyArray restored (as a numpy array) when it is read: a writer that reads them in turn
+        (hf export) holds at most one layer at a time, never the whole model. The unread leaves
+        of one module group (the first two levels of the path: `decoder/layers_3`) are
+        restored together on the first read of any of them (one Orbax call per layer, not per
+        tensor), each let go once read, the group's rest when another group is read.
+        CheckpointReadError naming the step and the group if one cannot be read."""
+        step = self.latest_step() if step is None else step
+        directory = self.directory / str(step) / "params"
+        groups: dict[tuple[str, ...], dict[tuple[str, ...], Any]] = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+            keys = tuple(str(k.key) for k in path)
+            groups.setdefault(keys[:2], {})[keys] = leaf
+        held: dict[tuple[str, ...], dict[tuple[str, ...], np.ndarray]] = {}
+        unread = {group: set(leaves) for group, leaves in groups.items()}
+
+        def restore(group: tuple[str, ...], wanted: set) -> dict[tuple[str, ...], np.ndarray]:
+            item: dict = {}
+            args: dict = {}
+            for keys, leaf in groups[group].items():
+                if keys not in wanted:
+                    continue
+                node_item, node_args = item, args
+                for key in keys[:-1]:
+                    node_item = node_item.setdefault(key, {})
+                    node_args = node_args.setdefault(key, {})
+                node_item[keys[-1]] = leaf
+                node_args[keys[-1]] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
+            # A reader per restore, closed at once: one left open (or closed by the garbage
+            # collector) has its background thread write a traceback at exit.
+            reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+            try:
+                tree = reader.restore(
+                    directory,
+                    args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
+                )
+            except Exception as err:  # Orbax / tensorstore raise many types
+                why = damage(self.directory / str(step)) or short_error(err)
+                raise CheckpointReadError(
+                    f"checkpoint step {step} in {self.directory}: parameters "
+                    f"{'/'.join(group)} cannot be restored: {why}"
+                ) from None
+            finally:
+                reader.close()
+            out = {}
+            for keys in wanted:
+                node = tree
+                for key in keys:
+                    node = node[key]
+                out[keys] = node
+            return out
+
+        def lazy(keys: tuple[str, ...], leaf) -> LazyArray:
+            group = keys[:2]
+
+            def read() -> np.ndarray:
+                arrays = held.get(group)
+                if arrays is None or keys not in arrays:  # its group's first read (or again)
+                    # One group in memory at a time: a group's leaves that another group's
+                    # reads come between (GPT-2's fused c_attn, written after the rest) are
+                    # restored again when asked for, not held meanwhile.
+                    held.clear()
+                    arrays = held[group] = restore(group, unread[group] | {keys})
+                array = arrays.pop(keys)
+                unread[group].discard(keys)
+                if not arrays:
+                    del held[group]
+                return array
+
+            return LazyArray(leaf.shape, leaf.dtype, read, owned=True)
+
+        return jax.tree_util.tree_map_with_path(
+            lambda path, leaf: lazy(tuple(str(k.key) for k in path), leaf), abstract_params
+        )
 
     def param_shapes(self, step: int) -> dict[tuple[str, ...], tuple[int, ...]]:
         """{Flax path: shape} of the params saved at `step`, read from Orbax's metadata (no

@@ -120,7 +120,8 @@ def export_run(
     hf_config = read_json(run_dir / HF_CONFIG, "Hugging Face config")
     generation = run_dir / HF_GENERATION_CONFIG
     generation_config = read_json(generation, "generation config") if generation.exists() else {}
-    run = open_run(run_dir, checkpoint)
+    # Each parameter is restored when hf.save writes it: one tensor in memory at a time.
+    run = open_run(run_dir, checkpoint, lazy=True)
     expected, _ = hf_to_config(hf_config, run.config.param_dtype, where=str(run_dir / HF_CONFIG))
     diff = config_diff(expected, run.config, ignore=EXPORT_IGNORES)
     if diff:

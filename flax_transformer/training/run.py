@@ -39,12 +39,15 @@ class RunArtifacts:
         return model_for(self.config, self.model_kind)
 
 
-def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArtifacts:
+def load_run(
+    workdir: str | Path, checkpoint: str | int | None = None, *, lazy: bool = False
+) -> RunArtifacts:
     """Config, tokenizer and one checkpoint's params of a train.py workdir.
 
     checkpoint: "last" (the latest in checkpoints/), "best" (checkpoints_best/, written by
     --keep-best), a step number (either directory), or None: the best if there is one, else
-    the last.
+    the last. lazy: the params are LazyArrays, each restored from the checkpoint when it is
+    read (Checkpointer.lazy_params: a writer holds one at a time; hf export).
     """
     workdir = Path(workdir)
     for name in (run_dir.CONFIG, run_dir.RUN_JSON, run_dir.TOKENIZER):
@@ -69,7 +72,10 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
     checkpointer = Checkpointer(directory, create=False)
     try:
         check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
-        params = checkpointer.restore_params(abstract, step)
+        if lazy:
+            params = checkpointer.lazy_params(abstract, step)
+        else:
+            params = checkpointer.restore_params(abstract, step)
     except CheckpointReadError as err:
         others = sorted(set(checkpoint_steps(workdir / run_dir.CHECKPOINTS)) - {step})
         hint = (
@@ -78,7 +84,8 @@ def load_run(workdir: str | Path, checkpoint: str | int | None = None) -> RunArt
         raise CheckpointReadError(f"{err}{hint}") from None
     finally:
         checkpointer.close()
-    params = jax.tree.map(np.asarray, params)
+    if not lazy:
+        params = jax.tree.map(np.asarray, params)
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
 
 
@@ -93,17 +100,18 @@ def open_run(
     *,
     kinds: tuple[str, ...] | None = None,
     purpose: str = "this command",
+    lazy: bool = False,
 ) -> RunArtifacts:
     """THE way a command loads a run (generate, classify, score, export, parity, hf export): the
     workdir must be a directory; JAX's 64-bit mode goes on for a float64 run (before any array
     exists); then load_run's checkpoint choice, and the model kinds `purpose` can use (None:
-    any). Every failure is one RunLoadError."""
+    any); `lazy`: see load_run. Every failure is one RunLoadError."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise RunLoadError(f"--workdir {workdir} is not a directory")
     enable_x64_for(workdir)  # a float64 run stays float64
     try:
-        run = load_run(workdir, checkpoint)
+        run = load_run(workdir, checkpoint, lazy=lazy)
     except (ValueError, FileNotFoundError) as err:  # CheckpointReadError is a ValueError
         raise RunLoadError(f"cannot load run {workdir}: {err}") from None
     if kinds is not None and run.model_kind not in kinds:
