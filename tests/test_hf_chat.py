@@ -172,11 +172,14 @@ def test_generate_chat_replies_as_transformers(chat_run, tmp_path, capsys):
         reply = theirs[:-1] if theirs[-1] in (eot, model.config.eos_token_id) else theirs
         assert line == tokenizer.decode(reply, skip_special_tokens=True).replace("\n", "\\n")
     # The same tokens, not only the same text: the generator's own rows.
-    args = generate_cli.parse_args(argv)
+    from dataclasses import fields
+
+    from flax_transformer.runs.generate import GenerateOptions, prepare
     from flax_transformer.training.run import open_run
 
-    generator = generate_cli.Generator(open_run(run_dir), args)
-    generator.chat_mode(run_dir)
+    args = generate_cli.parse_args(argv)  # the command's options, its preparation of the run
+    options = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions)})
+    generator = prepare(open_run(run_dir), options, run_dir)
     assert generator.end_ids == {eot, model.config.eos_token_id}
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": users[0]}]
     prompt = generator.encode(users[0], 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import textwrap
@@ -97,11 +98,12 @@ def run_python(code: str, *args: str, **env: str) -> subprocess.CompletedProcess
 
 
 REEXEC = """
-    import json, os, sys
+    import json, os, signal, sys
     from flax_transformer.training.host_memory import reexec_with_tuned_malloc
     print("before")  # still in the buffer at the exec: flushed, so printed by both images
     reexec_with_tuned_malloc()
-    print(json.dumps([os.getpid(), sys.argv[1:], os.environ.get("GLIBC_TUNABLES")]))
+    blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    print(json.dumps([os.getpid(), sys.argv[1:], os.environ.get("GLIBC_TUNABLES"), blocked]))
 """
 
 
@@ -117,9 +119,11 @@ def test_re_executes_the_same_command_in_the_same_process():
     assert proc.returncode == 0
     first, second, last = out.splitlines()
     assert first == second == "before"  # two images ran, the first one's output kept
-    pid, argv, tunables = json.loads(last)
+    pid, argv, tunables, blocked = json.loads(last)
     assert pid == proc.pid and argv == ["a b", "--flag"]
     assert parse_tunables(tunables) == TUNABLES
+    # Held across the exec, let through after it: Ctrl-C works in the new image.
+    assert not {int(signal.SIGINT), int(signal.SIGTERM)} & set(blocked), blocked
 
 
 # Ways of running a script in which re-executing the process would restart something else.

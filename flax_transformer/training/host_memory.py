@@ -139,6 +139,9 @@ def reexec_with_tuned_malloc() -> None:
         return
     environ = tuned_environment(os.environ)
     if environ is None:
+        # The image a re-exec started (or none is needed): the signals held across the exec
+        # (below) are let through, as for a caller without interrupt_exits_at_once.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         return
     for stream in (sys.stdout, sys.stderr):  # what was printed must not be lost (or doubled)
         try:
