@@ -73,3 +73,39 @@ def test_ctrl_c_early_in_train_py_is_never_a_traceback(tmp_path, delay):
     assert "Traceback" not in out + err
     if proc.returncode == -signal.SIGINT:
         assert out + err == ""
+
+
+def test_a_hook_installed_during_a_command_outlives_it_and_chains_without_a_cycle():
+    """training.checkpoint drops Orbax's late "Event loop is closed" callbacks with an
+    unraisable hook installed during a command; sigterm_raises put the hook of before back on
+    its way out, and the callbacks that fired after a failed read printed their tracebacks
+    (test_hf_cli, now and then). The hook stays now, and a second command chains through it
+    without a cycle."""
+    import types
+
+    from flax_transformer.files.interruptions import sigterm_raises
+
+    seen = []
+    before = sys.unraisablehook
+    try:
+        sys.unraisablehook = lambda unraisable: seen.append(unraisable.exc_value)
+        outer = sys.unraisablehook
+
+        def drop_closed_loop(unraisable):
+            if str(unraisable.exc_value) != "Event loop is closed":
+                drop_closed_loop.previous(unraisable)
+
+        def unraisable(err):
+            sys.unraisablehook(types.SimpleNamespace(exc_value=err, object=None))
+
+        with sigterm_raises():
+            drop_closed_loop.previous, sys.unraisablehook = sys.unraisablehook, drop_closed_loop
+        assert sys.unraisablehook is drop_closed_loop  # kept after the command
+        unraisable(RuntimeError("Event loop is closed"))  # after the return: dropped
+        with sigterm_raises(), sigterm_raises():  # the next command, nested: no cycle
+            unraisable(RuntimeError("Event loop is closed"))
+            unraisable(ValueError("other"))  # goes on to the hook of before
+        assert [str(err) for err in seen] == ["other"]
+        assert sys.unraisablehook is drop_closed_loop and outer is not drop_closed_loop
+    finally:
+        sys.unraisablehook = before

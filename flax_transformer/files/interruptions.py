@@ -65,7 +65,12 @@ def _deliver_again(unraisable) -> None:
         number = signal.SIGTERM if terminated else signal.SIGINT
         threading.Timer(0.01, _thread.interrupt_main, args=(number,)).start()
         return
-    sys.__unraisablehook__(unraisable)
+    _deliver_again.previous(unraisable)
+
+
+# The hook _deliver_again stands in front of: any other unraisable error goes on to it (e.g.
+# training.checkpoint's, which drops Orbax's late "Event loop is closed" callbacks).
+_deliver_again.previous = sys.__unraisablehook__
 
 
 @contextlib.contextmanager
@@ -76,12 +81,32 @@ def sigterm_raises():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _deliver_again
+    previous_hook = sys.unraisablehook
+    # Already in the chain (nested, or under a hook installed on top of it meanwhile, such as
+    # training.checkpoint's for Orbax's late callbacks): nothing to install, nothing to undo.
+    ours = not _chains_to_deliver_again(previous_hook)
+    if ours:
+        _deliver_again.previous, sys.unraisablehook = previous_hook, _deliver_again
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = previous_hook
+        # A hook installed on top meanwhile stays: put back, the previous one printed the
+        # tracebacks of Orbax's callbacks that fire after a failed read, after the return.
+        if ours and sys.unraisablehook is _deliver_again:
+            sys.unraisablehook = previous_hook
+
+
+def _chains_to_deliver_again(hook) -> bool:
+    """Whether `hook` is _deliver_again or hands over to it (hooks that chain name the next
+    one `previous`)."""
+    for _ in range(16):
+        if hook is _deliver_again:
+            return True
+        hook = getattr(hook, "previous", None)
+        if hook is None:
+            return False
+    return False
 
 
 @contextlib.contextmanager
