@@ -15,7 +15,6 @@ on the conversation or renders no reply tokens.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +40,7 @@ def chat_messages(path, number: int, line: str) -> list[dict] | None:
     if not line.strip():
         return None
     where = f"{WHAT} {path} line {number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-    except RecursionError:
-        raise DataError(f"{where}: JSON nested too deeply to read") from None
+    record = corpus.json_record(line, where)
     messages = record.get("messages") if isinstance(record, dict) else None
     if not isinstance(messages, list) or not messages:
         raise DataError(f'{where}: expected an object with a non-empty "messages" list')

@@ -50,6 +50,17 @@ def _json_type(value) -> str:
     return names.get(type(value), "a number")
 
 
+def json_record(line: str, where: str):
+    """One JSONL line's value; DataError naming `where` (the file and line) for text that is
+    not JSON or nests too deeply to read."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:  # bad input (exit 2), not a failed run
+        raise DataError(f"{where}: JSON nested too deeply to read") from None
+
+
 def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
     """One JSONL line as a Pair (None for a blank line); `kind` (seq2seq or lm; None: any)
     is the kind the file's first record set. DataError naming the file and line for a line
@@ -57,12 +68,7 @@ def jsonl_pair(path, number: int, line: str, kind: str | None) -> Pair | None:
     if not line.strip():
         return None
     where = f"JSONL file {path} line {number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-    except RecursionError:  # bad input (exit 2), not a failed run
-        raise DataError(f"{where}: JSON nested too deeply to read") from None
+    record = json_record(line, where)
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(record)}")
     found = LM if "text" in record and "source" not in record else SEQ2SEQ

@@ -11,20 +11,17 @@ transformers 5 nests the rope parameters per layer type (`rope_parameters` = {"f
 from __future__ import annotations
 
 import flax_transformer.hf.families.decoder_llm as decoder_llm
+import flax_transformer.hf.families.gemma2 as gemma2
 from flax_transformer.hf.families.family import HFConfig
 from flax_transformer.hf.families.field_types import integer, number
 from flax_transformer.hf.families.gemma import FIELD_TYPES, TANH_GELU, gemma_switches
 from flax_transformer.hf.families.gemma2 import layer_pattern, renames, soft_capping_switches
 
+# Gemma 2's defaults (Gemma3TextConfig's are the same), but the longer context and no
+# soft-capping.
 DEFAULTS = dict(
+    gemma2.DEFAULTS,
     max_position_embeddings=131072,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    num_key_value_heads=4,
-    head_dim=256,
-    pad_token_id=0,
-    query_pre_attn_scalar=256,
-    sliding_window=4096,
     final_logit_softcapping=None,
     attn_logit_softcapping=None,
 )
