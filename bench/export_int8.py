@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     from flax_transformer.export.int8 import int8_model, quantize_variables, tree_nbytes
     from flax_transformer.export.torch_int8 import greedy_torch, load_torch_int8, quantize_twin
     from flax_transformer.export.torch_twin import torch_twin
-    from flax_transformer.training.run import load_run
+    from flax_transformer.runs.load import load_run
 
     torch.set_num_threads(args.torch_threads)
     load_before = loadavg()

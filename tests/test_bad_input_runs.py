@@ -21,12 +21,12 @@ import train
 from flax_transformer.cli.generate import main as generate_main
 from flax_transformer.files.atomic_io import atomic_path
 from flax_transformer.nn.kinds import model_for
+from flax_transformer.runs.load import RunLoadError, load_run, open_run
 from flax_transformer.training.checkpoint import (
     Checkpointer,
     CheckpointReadError,
     CheckpointWriteError,
 )
-from flax_transformer.training.run import RunLoadError, load_run, open_run
 from flax_transformer.training.state import create_train_state
 
 from .test_generate import CONFIG, fabricate_run

@@ -18,7 +18,7 @@ from flax_transformer.cli.export import main
 from flax_transformer.decoding import Greedy, generate
 from flax_transformer.export.int8 import int8_model, quantize_variables
 from flax_transformer.export.stablehlo import forward_function
-from flax_transformer.training.run import load_run
+from flax_transformer.runs.load import load_run
 from tests.export_runs import fabricate_run, lm_prompts, source_batch
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from flax_transformer.export.onnx_graphs import OPSET, greedy_onnx
 from flax_transformer.export.stablehlo import forward_function
 from flax_transformer.export.torch_int8 import greedy_torch, load_torch_int8, quantize_twin
 from flax_transformer.export.torch_twin import torch_twin
-from flax_transformer.training.run import load_run
+from flax_transformer.runs.load import load_run
 from tests.export_runs import fabricate_run, lm_prompts, source_batch
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ from flax_transformer.cli.generate import BUCKET, main
 from flax_transformer.data.tokenizer import ByteTokenizer
 from flax_transformer.decoding import Beam, Greedy, Sample, generate
 from flax_transformer.nn.kinds import abstract_variables, model_for
+from flax_transformer.runs.load import load_run
 from flax_transformer.training.checkpoint import Checkpointer
-from flax_transformer.training.run import load_run
 from flax_transformer.training.state import create_train_state
 
 CONFIG = TransformerConfig(

@@ -142,7 +142,7 @@ def test_import_export_round_trip_through_a_run_directory(models, tmp_path):
     """`hf import` then `hf export` gives back the same tensors, which the same transformers
     class reads."""
     from flax_transformer.cli.hf import main as hf_main
-    from flax_transformer.training.run_dir import read_run_json
+    from flax_transformer.runs.run_dir import read_run_json
 
     torch_model, path = models["roberta_sequence"]
     source = tmp_path / "hf"

@@ -140,7 +140,7 @@ def test_chat_flags_are_checked(capsys):
 def chat_run(tmp_path_factory):
     """(transformers model, its tokenizer, the run imported from them): a tiny Llama trained
     on one Llama 3 chat; the template stored in tokenizer_config.json (transformers 4)."""
-    from flax_transformer.training.hf_runs import import_run
+    from flax_transformer.runs.hf_convert import import_run
 
     root = tmp_path_factory.mktemp("chat_run")
     hf_dir = hf_chat.tokenizer_directory(
@@ -175,7 +175,7 @@ def test_generate_chat_replies_as_transformers(chat_run, tmp_path, capsys):
     from dataclasses import fields
 
     from flax_transformer.runs.generate import GenerateOptions, prepare
-    from flax_transformer.training.run import open_run
+    from flax_transformer.runs.load import open_run
 
     args = generate_cli.parse_args(argv)  # the command's options, its preparation of the run
     options = GenerateOptions(**{f.name: getattr(args, f.name) for f in fields(GenerateOptions)})

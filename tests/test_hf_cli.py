@@ -13,9 +13,9 @@ import train
 from flax_transformer import hf
 from flax_transformer.cli import generate as generate_cli
 from flax_transformer.cli.hf import main as hf_main
+from flax_transformer.runs.load import load_run
 from flax_transformer.spec.numerics import assert_close
 from flax_transformer.training.checkpoint import CheckpointReadError
-from flax_transformer.training.run import load_run
 
 from . import hf_models
 

@@ -293,7 +293,7 @@ def test_import_in_bfloat16_and_export_in_shards(saved, tmp_path):
     parameters in the run; ftx hf export --max-shard-size writes them back bit-exact, in
     shards."""
     from flax_transformer.cli.hf import main
-    from flax_transformer.training import run_dir
+    from flax_transformer.runs import run_dir
 
     _, _, bf16 = saved["gpt2"]
     source = _copy(bf16, tmp_path / "source")

@@ -235,7 +235,7 @@ def test_encoder_fn_is_jittable_and_runs_in_bfloat16(models):
 def test_import_export_round_trip_of_a_t5_and_an_encoder(models, tmp_path):
     from flax_transformer.cli import generate as generate_cli
     from flax_transformer.cli.hf import main as hf_main
-    from flax_transformer.training.run_dir import read_run_json
+    from flax_transformer.runs.run_dir import read_run_json
 
     for name in ("t5_v1_1", "umt5_encoder"):
         _, path = models[name]
@@ -286,7 +286,7 @@ def test_fine_tune_with_init_from_then_export_to_transformers(models, tmp_path):
 
     from flax_transformer.cli import train
     from flax_transformer.cli.hf import main as hf_main
-    from flax_transformer.training.run import load_run
+    from flax_transformer.runs.load import load_run
 
     _, path = models["t5_v1_1"]
     source = tmp_path / "hf"

@@ -20,7 +20,7 @@ from flax_transformer.export.int8 import (
     tree_nbytes,
 )
 from flax_transformer.nn.kinds import model_for
-from flax_transformer.training.run import load_run
+from flax_transformer.runs.load import load_run
 from tests.export_runs import CONFIG, fabricate_run, random_params
 
 

@@ -100,12 +100,16 @@ def test_main_wrappers_only_call_a_command():
 
 
 def test_commands_load_a_run_one_way():
-    """Every command loads a run through training.run.open_run (directory check, x64 for a
+    """Every command loads a run through runs.load.open_run (directory check, x64 for a
     float64 run, the checkpoint choice, the model kinds it can use): none calls load_run or
-    enable_x64_for itself."""
-    users = [*PACKAGE.glob("cli/*.py"), *PACKAGE.glob("runs/*.py"), PACKAGE / "training/hf_runs.py"]
+    enable_x64_for itself, and no room below the application layer loads a run at all (the
+    run directory is runs/'s: --init-from's parameters reach the loop loaded)."""
+    home = PACKAGE / "runs/load.py"
+    users = [*PACKAGE.glob("cli/*.py"), *PACKAGE.glob("runs/*.py")]
     offenders = []
     for path in users:
+        if path == home:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.id] if isinstance(node, ast.Name) else []
             if isinstance(node, ast.ImportFrom):
@@ -116,6 +120,24 @@ def test_commands_load_a_run_one_way():
                 if name in ("load_run", "enable_x64_for")
             ]
     assert not offenders, offenders
+    below = [p for p in library_modules() if p.relative_to(PACKAGE).parts[0] not in ("cli", "runs")]
+    # (runs/ is above them anyway; the old paths of runs/'s modules are shims in training/)
+    old_paths = {f"flax_transformer.training.{m}" for m in ("run", "run_dir", "hf_runs")}
+    loaders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in below
+        for name in imported_modules(path)
+        if name in old_paths or name.rsplit(".", 1)[0] in old_paths
+    ]
+    assert not loaders, loaders
+    defined = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in PACKAGE.glob("**/*.py")
+        if path != home
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name in ("open_run", "load_run")
+    ]
+    assert not defined, f"a second way to load a run: {defined}"
 
 
 def test_subpackages_import_only_downwards():

@@ -33,10 +33,17 @@ MOVED = [
     ("flax_transformer.export.cli", "parse_args", "flax_transformer.cli.export"),
     ("flax_transformer.parity.cli", "run_cli", "flax_transformer.cli.parity"),
     ("flax_transformer.hf.__main__", "parse_args", "flax_transformer.cli.hf"),
-    ("flax_transformer.hf.run_dir", "import_run", "flax_transformer.training.hf_runs"),
+    ("flax_transformer.hf.run_dir", "import_run", "flax_transformer.runs.hf_convert"),
     ("flax_transformer.interop.convert", "main", "flax_transformer.cli.convert"),
     ("flax_transformer.launch", "parse_args", "flax_transformer.cli.launch"),
     ("flax_transformer.demo", "parse_args", "flax_transformer.cli.demo"),
+    # the run directory, loading a run and the Hugging Face conversions left training/ for the
+    # application layer, runs/ (0.3); the loop's own files are training/run_files.py's
+    ("flax_transformer.training.run_dir", "read_run_json", "flax_transformer.runs.run_dir"),
+    ("flax_transformer.training.run_dir", "write_weights", "flax_transformer.runs.run_dir"),
+    ("flax_transformer.training.run", "open_run", "flax_transformer.runs.load"),
+    ("flax_transformer.training.run", "checkpoint_steps", "flax_transformer.runs.load"),
+    ("flax_transformer.training.hf_runs", "export_run", "flax_transformer.runs.hf_convert"),
     # paths of the release before the subpackage layout
     ("flax_transformer.convert", "torch_state_to_flax", "flax_transformer.interop.convert"),
     ("flax_transformer.convert", "save_torch_state", "flax_transformer.interop.convert"),

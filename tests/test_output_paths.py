@@ -259,7 +259,7 @@ def test_a_failed_hf_export_with_force_keeps_the_old_directory(
         (Path(path) / "config.json").write_text("{half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("flax_transformer.training.hf_runs.save", full_disk)
+    monkeypatch.setattr("flax_transformer.runs.hf_convert.save", full_disk)
     argv = ["export", "--workdir", str(imported), "--out", str(out), "--force"]
     assert hf_main(argv) == 1  # a failed write, not bad input
     err = capsys.readouterr().err

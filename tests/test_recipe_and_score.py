@@ -13,11 +13,11 @@ import pytest
 import train
 from flax_transformer.cli.main import main as ftx
 from flax_transformer.cli.train_flags import parse_args, spec_from_args
+from flax_transformer.runs.load import load_run
 from flax_transformer.runs.spec import TrainSpec, spec_values
 from flax_transformer.runs.train import train as run_training
 from flax_transformer.training.averaging import average_params, last_steps
 from flax_transformer.training.evaluation import loss_words, scores_text, short_reference_note
-from flax_transformer.training.run import load_run
 
 TINY = [
     "--task-min-len", "2", "--task-max-len", "6", "--task-train-size", "300",

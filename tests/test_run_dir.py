@@ -1,4 +1,4 @@
-"""The run directory has one home (training/run_dir.py): one writer per file, a trained run
+"""The run directory has one home (runs/run_dir.py): one writer per file, a trained run
 holds exactly the files of its table, the docs list the same table; and the training command's
 frictions: a partial --config, --dtype, plain logs, warnings once, a resume with nothing to do."""
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import train
+from flax_transformer.runs import run_dir
+from flax_transformer.runs.load import enable_x64_for, load_run
 from flax_transformer.spec.presets import PRESETS
-from flax_transformer.training import run_dir
-from flax_transformer.training.run import enable_x64_for, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -61,7 +61,7 @@ def test_train_json_is_the_results_alone_on_stdout(float32_run):
 
 # ----------------------------------------------------------------------------- one writer
 def test_only_run_dir_names_the_run_records():
-    """No module but training/run_dir.py builds a path from the record names: each file has
+    """No module but runs/run_dir.py builds a path from the record names: each file has
     one writer (write_run_json, write_results, ...) and one reader."""
     names = {run_dir.RUN_JSON, run_dir.RESULTS, run_dir.METRICS}
     offenders = []

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import train
-from flax_transformer.training import run_dir
+from flax_transformer.runs import run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -116,7 +116,7 @@ def test_a_lock_left_by_a_killed_process_does_not_block(tmp_path):
     # A process that takes the lock and dies by SIGKILL: no cleanup of its own ran.
     code = (
         "import os, signal, sys\n"
-        "from flax_transformer.training import run_dir\n"
+        "from flax_transformer.runs import run_dir\n"
         "lock = run_dir.lock_run_dir(sys.argv[1])\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

@@ -12,8 +12,8 @@ import pytest
 
 from flax_transformer.cli import export, generate, score, train
 from flax_transformer.cli.train_flags import parse_args, spec_from_args
+from flax_transformer.runs import run_dir
 from flax_transformer.runs.spec import TrainSpec, spec_record, spec_values
-from flax_transformer.training import run_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_v020"
 

@@ -19,7 +19,7 @@ from flax_transformer.data.token_batches import (
     plan_token_batches,
     rows_for,
 )
-from flax_transformer.training.run_dir import read_metrics
+from flax_transformer.runs.run_dir import read_metrics
 
 TINY = [
     "--task-min-len", "1", "--task-max-len", "12", "--task-train-size", "300",

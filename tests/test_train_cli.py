@@ -17,9 +17,9 @@ import pytest
 
 import train
 from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.runs.load import load_run
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.training.hooks import STOP
-from flax_transformer.training.run import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

@@ -10,9 +10,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import train
 from flax_transformer.cli import generate as generate_cli
 from flax_transformer.interop.convert import load_safetensors
+from flax_transformer.runs.load import checkpoint_steps, load_run
 from flax_transformer.spec.naming import flatten_params
 from flax_transformer.training.best import BestTracker
-from flax_transformer.training.run import checkpoint_steps, load_run
 
 TINY = [
     "--task-min-len", "3", "--task-max-len", "5", "--task-train-size", "300",

@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def label_names(workdir: Path, num_labels: int) -> tuple[str, ...]:
     """The classes' names: labels.json (a --task classify run), else the imported model's
     id2label, else LABEL_0, LABEL_1, ... as transformers names them."""
-    from flax_transformer.training import run_dir
+    from flax_transformer.runs import run_dir
 
     names = run_dir.read_labels(workdir)
     if names is None and (workdir / run_dir.HF_CONFIG).exists():
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ftx classify`: print one `label<TAB>probability` line per input line; exit
     status 2 for a bad workdir, flag or input line (an empty line is printed in its place)."""
     args = parse_args(argv)
-    from flax_transformer.training.run import RunLoadError, open_run
+    from flax_transformer.runs.load import RunLoadError, open_run
 
     try:
         run = open_run(args.workdir, args.checkpoint, kinds=(ENCODER,), purpose="classify")

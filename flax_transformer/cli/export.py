@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     into --out (staged, so a failure leaves no half directory); exit status 2 for a run that
     cannot be loaded or exported, else 0."""
     args = parse_args(argv)
-    from flax_transformer.training.run import RunLoadError
+    from flax_transformer.runs.load import RunLoadError
 
     fields = {f.name for f in dataclasses.fields(ExportSpec)}
     spec = ExportSpec(**{k: v for k, v in vars(args).items() if k in fields})

@@ -4,7 +4,7 @@
 
 Reads one input per line (from --input or stdin) and writes one output line per input line to
 stdout, in order. It loads the run's config, tokenizer and a checkpoint
-(`training.run.open_run`): the best one when the run kept one (train.py --keep-best), else
+(`runs.load.open_run`): the best one when the run kept one (train.py --keep-best), else
 the latest; --checkpoint last|best|STEP chooses. A seq2seq run translates each line; a
 language-model run continues it (the output is the continuation only; --echo prepends the
 prompt). With --chat (an imported chat model's run) each line is a user message, with --system
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     line per input line; exit status 2 for a bad workdir, flag or input line (an empty line is
     printed in its place), else 0."""
     args = parse_args(argv)
-    from flax_transformer.training.run import RunLoadError, open_run
+    from flax_transformer.runs.load import RunLoadError, open_run
 
     try:  # a bare encoder has no decoder: nothing to generate with
         run = open_run(args.workdir, args.checkpoint, kinds=(LM, SEQ2SEQ), purpose="generate")

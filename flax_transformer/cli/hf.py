@@ -14,7 +14,6 @@ says why).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -110,35 +109,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def missing_hf_dir(hf_dir: str) -> str | None:
-    """The message for an HF_DIR that is not there (None: it is)."""
-    if Path(hf_dir).exists():
-        return None
-    return (
-        f"HF_DIR {hf_dir} does not exist; give a local directory written by save_pretrained "
-        "(Hub ids are not downloaded: save one first, e.g. AutoModelForSeq2SeqLM.from_pretrained"
-        f"({hf_dir!r}).save_pretrained('./{Path(hf_dir).name}') and the same for its tokenizer)"
-    )
-
-
-def output_problem(args: argparse.Namespace) -> str | None:
-    """The message for an output that is, contains or lies inside the input, or (export) a
-    non-empty --out without --force; None: the output may be written. Checked before JAX or
-    transformers are imported."""
-    from flax_transformer.files.atomic_io import OutputPathError, check_not_input, check_output_dir
-
-    try:
-        if args.command == "import":
-            inputs = [("Hugging Face directory", args.hf_dir)]
-            check_not_input(args.run_dir, inputs, what="--workdir")
-        else:
-            inputs = [("run directory", args.run_dir)]
-            check_output_dir(args.hf_dir, inputs=inputs, force=args.force, what="--out")
-    except OutputPathError as err:
-        return str(err)
-    return None
-
-
 @one_line_failures
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m flax_transformer.hf` / `ftx hf`: import a save_pretrained
@@ -146,64 +116,43 @@ def main(argv: list[str] | None = None) -> int:
     JSON, with {"command", "output"}). Exit status
     2 for a missing directory or a checkpoint that cannot be converted, else 0."""
     args = parse_args(argv)
-    if problem := output_problem(args):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    if args.command == "import" and (problem := missing_hf_dir(args.hf_dir)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     from flax_transformer.files.space import is_out_of_space
+    from flax_transformer.runs.hf import HFExportSpec, HFImportSpec, hf_export, hf_import
     from flax_transformer.spec.tree_check import ConversionError
-    from flax_transformer.training.hf_runs import export_run, import_run
 
     try:
         if args.command == "import":
-            out = import_run(args.hf_dir, args.run_dir, dtype=args.dtype)
+            outcome = hf_import(HFImportSpec(Path(args.hf_dir), Path(args.run_dir), args.dtype))
         else:
-            out = export_run(
-                args.run_dir, args.hf_dir, args.checkpoint, force=args.force,
-                max_shard_size=args.max_shard_size,
+            outcome = hf_export(
+                HFExportSpec(
+                    Path(args.run_dir), Path(args.hf_dir), args.checkpoint, args.force,
+                    args.max_shard_size,
+                )
             )  # fmt: skip
     except (ValueError, ConversionError, OSError) as err:
         if is_out_of_space(err):
             raise  # a failed write, not bad input: one_line_failures says it (exit 1)
         print(f"error: {err}", file=sys.stderr)
         return 2
-    result, line = summary(args.command, args.hf_dir, args.run_dir, out)
-    emit(result, [line], args.json)
+    result = {"command": outcome.command, "output": str(outcome.output), "model": outcome.model}
+    emit(result, [summary_line(outcome)], args.json)
     return 0
 
 
-def summary(command: str, hf_dir, run_dir, out) -> tuple[dict, str]:
-    """(the result for --json, the line for a person): what was imported or exported, and
-    where. {"command", "output"} as before, and the model: its family, kind and sizes."""
-    from flax_transformer.training import run_dir as layout
-
-    run = Path(run_dir if command == "export" else out)
-    config = layout.read_config(run)
-    hf_config = json.loads((run / layout.HF_CONFIG).read_text()) if command == "import" else None
-    if hf_config is None:
-        hf_config = json.loads((Path(out) / "config.json").read_text())
-    kind = (layout.read_run_json(run) or {}).get("model", "?")
-    layers = (
-        config.num_encoder_layers if kind == "encoder" else config.num_decoder_layers
-        if kind == "lm" else f"{config.num_encoder_layers}+{config.num_decoder_layers}"
-    )  # fmt: skip
-    model = {
-        "family": hf_config.get("model_type"), "kind": kind, "layers": layers,
-        "d_model": config.d_model, "heads": config.num_heads,
-        "vocab": config.tgt_vocab_size, "dtype": config.param_dtype,
-    }  # fmt: skip
+def summary_line(outcome) -> str:
+    """What was imported or exported, and where, in one line for a person."""
+    model = outcome.model
     what = (
-        f"a {model['family']} model ({kind}: {layers} layers, d_model {config.d_model}, "
-        f"{config.num_heads} heads, vocab {config.tgt_vocab_size}, {config.param_dtype})"
+        f"a {model['family']} model ({model['kind']}: {model['layers']} layers, d_model "
+        f"{model['d_model']}, {model['heads']} heads, vocab {model['vocab']}, {model['dtype']})"
     )
-    if command == "import":
-        line = f"imported {what} from {hf_dir} into the run {out}"
-    else:
-        files = sorted(p.name for p in Path(out).iterdir())
-        line = f"exported {what} from the run {run} to {out} ({', '.join(files)})"
-    return {"command": command, "output": str(out), "model": model}, line
+    if outcome.command == "import":
+        return f"imported {what} from {outcome.hf_dir} into the run {outcome.output}"
+    return (
+        f"exported {what} from the run {outcome.run_dir} to {outcome.output} "
+        f"({', '.join(outcome.files)})"
+    )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ from flax_transformer.parity.inputs import (
     make_batch,
 )
 from flax_transformer.parity.report import DEFAULT_TOLERANCES, ParityReport
+from flax_transformer.runs import run_dir
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import MODEL_KINDS, current_name
 from flax_transformer.spec.tree_check import ConversionError
 from flax_transformer.spec.validate import SEED, Float, Int
-from flax_transformer.training import run_dir
 
 WORKDIR_WEIGHTS = (run_dir.FLAX_WEIGHTS, run_dir.TORCH_WEIGHTS)
 
@@ -70,7 +70,7 @@ def load_source(
                 return WeightSource(str(path / name), params, config, model, tokenizer)
         if (path / run_dir.CHECKPOINTS).is_dir() and (path / run_dir.CONFIG).exists():
             # A run still going (or stopped early): its latest Orbax checkpoint.
-            from flax_transformer.training.run import open_run
+            from flax_transformer.runs.load import open_run
 
             run = open_run(path)
             label = f"{path} (checkpoint step {run.step})"

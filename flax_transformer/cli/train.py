@@ -7,7 +7,7 @@
   python train.py --resume                         # continue the run in --workdir
 
 Everything is written into --workdir (default runs/<task or file name>); its files are
-listed in training/run_dir.py (and docs/training.md, "Run directory"). The flags are built in
+listed in runs/run_dir.py (and docs/training.md, "Run directory"). The flags are built in
 cli/train_flags.py, which makes them a TrainSpec (runs/spec.py); runs/train.py trains it.
 `main(argv, hooks=[...])` is the Python entry (`train.main` of the root train.py, `ftx train`,
 `python -m flax_transformer.train`); `flax_transformer.runs.train.train(spec, hooks)` is the
@@ -31,6 +31,7 @@ from flax_transformer.cli.train_flags import (  # noqa: F401  (train.X names of 
     spec_from_args,
 )
 from flax_transformer.files.space import is_out_of_space, out_of_space_message
+from flax_transformer.runs import run_dir
 from flax_transformer.runs.checks import (  # noqa: F401  (train.X names of the old train.py)
     bleu_tokenizer,
     check_model_flags,
@@ -54,7 +55,6 @@ from flax_transformer.runs.train import (  # noqa: F401  (train.X names of the o
     split_off_validation,
     train,
 )
-from flax_transformer.training import run_dir
 from flax_transformer.training.interrupts import exit_status, sigterm_raises
 
 # An input path that is not there (or not a file): bad input like any other, exit status 2.

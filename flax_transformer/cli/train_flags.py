@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flax_transformer.cli.output import add_json_flag
 from flax_transformer.runs.checks import default_workdir
+from flax_transformer.runs.run_dir import RUN_JSON, read_run_json
 from flax_transformer.runs.spec import (
     DEFAULT_PRESET,
     DISTRIBUTED_FLAGS,
@@ -23,7 +24,6 @@ from flax_transformer.runs.spec import (
     spec_values,
 )
 from flax_transformer.spec.presets import PRESETS
-from flax_transformer.training.run_dir import RUN_JSON, read_run_json
 
 
 def add_option_flags(group, options_class, names, **overrides) -> None:

@@ -1,7 +1,7 @@
 """The on-disk token cache of a training corpus: tokenized once, in a streaming pass, read lazily.
 
 Format. One directory per (corpus, tokenizer, length policy), under the run directory's
-`token_cache/` (TOKEN_CACHE, listed in training/run_dir.py), named
+`token_cache/` (TOKEN_CACHE, listed in runs/run_dir.py), named
 `train-<16 hex digits of the key's sha256>`:
 
     tgt.tokens   int32, every example's target row end to end: [bos] + target + [eos] for
@@ -68,7 +68,7 @@ from flax_transformer.files.atomic_io import atomic_write_text
 from flax_transformer.files.stages import OWNER, make_stage, release_stage
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 
-# The cache's folder in a run directory (training/run_dir.py lists it with the other names).
+# The cache's folder in a run directory (runs/run_dir.py lists it with the other names).
 TOKEN_CACHE = "token_cache"
 VERSION = 3  # 3: keyed by the corpus's bytes, each file's size and checksum in meta.json
 META = "meta.json"

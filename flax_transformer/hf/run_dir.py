@@ -1,5 +1,5 @@
-"""Moved to flax_transformer.training.hf_runs: this path works one more release, with a warning."""
+"""Moved to flax_transformer.runs.hf_convert: this path works one more release, with a warning."""
 
 from flax_transformer.lazy import moved_module
 
-__getattr__ = moved_module(__name__, "flax_transformer.training.hf_runs")
+__getattr__ = moved_module(__name__, "flax_transformer.runs.hf_convert")

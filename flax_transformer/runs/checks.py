@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flax_transformer.runs.run_dir import CHECKPOINTS, CHECKPOINTS_BEST, RUN_JSON, read_config
 from flax_transformer.runs.spec import (
     DEFAULT_PRESET,
     DTYPES,
@@ -16,7 +17,6 @@ from flax_transformer.runs.spec import (
 )
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.spec.presets import PRESETS
-from flax_transformer.training.run_dir import CHECKPOINTS, CHECKPOINTS_BEST, RUN_JSON, read_config
 
 
 def check_spec(spec: TrainSpec) -> None:

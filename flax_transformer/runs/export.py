@@ -33,7 +33,7 @@ def export(spec: ExportSpec) -> dict:
     """Load the run and write the export; {"format", "output", "files"}. RunLoadError or
     ExportError (ValueErrors) naming the problem."""
     from flax_transformer.export.output import staged_output
-    from flax_transformer.training.run import open_run
+    from flax_transformer.runs.load import open_run
 
     run = open_run(spec.run_dir, spec.checkpoint)
     with staged_output(spec.out, spec.force) as directory:

@@ -40,7 +40,7 @@ class GenerateOptions:
 
 
 def prepare(run, options: GenerateOptions, workdir: Path) -> Generator:
-    """The Generator of a loaded run (training.run.open_run) with the options' chat mode and
+    """The Generator of a loaded run (runs.load.open_run) with the options' chat mode and
     weights (int8, int8 products, or float32 packed once); a ValueError (one line) for a chat
     run without a template or a --quantize run that is not float32."""
     if options.strategy is None:
@@ -85,7 +85,7 @@ class Generator:
         """--chat: prompts through the tokenizer's chat template, rows ended at every end id;
         ValueError (one line) for a run without a template or not an LM."""
         from flax_transformer.hf.chat_template import ChatTemplate, reply_end_ids
-        from flax_transformer.training.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
+        from flax_transformer.runs.run_dir import HF_CONFIG, HF_GENERATION_CONFIG
 
         if not self.is_lm:
             kind = self.run.model_kind

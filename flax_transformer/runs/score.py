@@ -76,10 +76,10 @@ def score(spec: ScoreSpec) -> dict:
     from flax_transformer.decoding import Beam, Greedy
     from flax_transformer.nn.kinds import model_for
     from flax_transformer.runs.checks import bleu_tokenizer
+    from flax_transformer.runs.load import open_run
+    from flax_transformer.runs.run_dir import read_run_json
     from flax_transformer.runs.spec import TrainSpec, spec_values
     from flax_transformer.training.evaluation import evaluate_decoding, evaluate_loss
-    from flax_transformer.training.run import open_run
-    from flax_transformer.training.run_dir import read_run_json
     from flax_transformer.training.steps import make_eval_step
 
     run = open_run(spec.workdir, spec.checkpoint)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from flax_transformer.runs.run_dir import RUN_JSON_SCHEMA
 from flax_transformer.spec.presets import PRESETS
 from flax_transformer.spec.validate import Int
 from flax_transformer.training.options import DataOptions, DistributedOptions, TrainOptions
-from flax_transformer.training.run_dir import RUN_JSON_SCHEMA
 
 
 class UsageError(ValueError):

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from flax_transformer.data import pipeline as data_checks
+from flax_transformer.runs import run_dir
 from flax_transformer.runs.checks import (
     bleu_tokenizer,
     check_spec,
@@ -21,10 +22,9 @@ from flax_transformer.runs.checks import (
     wants_float64,
 )
 from flax_transformer.runs.resume import changed_settings
+from flax_transformer.runs.run_dir import read_run_json
 from flax_transformer.runs.spec import TrainSpec, UsageError, spec_record, spec_values
 from flax_transformer.runs.workdir import WorkdirLock, has_run, make_workdir, prepare_workdir
-from flax_transformer.training import run_dir
-from flax_transformer.training.run_dir import read_run_json
 
 
 def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=None):
@@ -233,6 +233,7 @@ def _train(spec, data, options, hooks, started: float, workdir: Path, lock: Work
 def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
     """_train with the corpus input (None: a built-in task, in memory)."""
     from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.runs.load import init_params_from
     from flax_transformer.spec.kinds import LM, OLD_NAMES
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
@@ -336,9 +337,15 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
         f"validation examples, {tokenizer.kind} tokenizer (vocab {tokenizer.vocab_size}), "
         f"workdir {workdir}"
     )
+    resume = spec.resume and not restart
+    labels = corpus.labels if classify else None
+    init_params = None
+    if spec.init_from and not resume:  # (a classifier's new layers start afresh)
+        fresh = labels.fresh_params if labels else None
+        init_params = init_params_from(spec.init_from, config, kind, fresh, options.seed)
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
-              resume=spec.resume and not restart, restarted=restart,
-              labels=corpus.labels if classify else None)  # fmt: skip
+              resume=resume, restarted=restart, labels=labels,
+              init_params=init_params)  # fmt: skip
     results = run_training(job, hooks)
     if not is_primary():
         return None  # process 0 writes the results

@@ -104,7 +104,7 @@ class ClassifyInput:
     def config_changes(self) -> dict:
         """The TransformerConfig head fields of the classifier (the rest is the init run's)."""
         from flax_transformer.hf.config import hf_to_config
-        from flax_transformer.training.run import HEAD_FIELDS
+        from flax_transformer.runs.load import HEAD_FIELDS
 
         config, _ = hf_to_config(self.hf_config, where=str(run_dir.HF_CONFIG))
         return {field: getattr(config, field) for field in HEAD_FIELDS}

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from flax_transformer.data import corpus, token_cache
+from flax_transformer.runs.run_dir import TOKENIZER
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
-from flax_transformer.training.run_dir import TOKENIZER
 
 
 def corpus_source(spec):

@@ -1,5 +1,5 @@
 """The run directory of a training run before it trains: writable, not a second run on top of
-another, locked by one process (training/run_dir.py's lock) from its first write to the end."""
+another, locked by one process (runs/run_dir.py's lock) from its first write to the end."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+from flax_transformer.runs import run_dir
+from flax_transformer.runs.run_dir import read_run_json
 from flax_transformer.runs.spec import UsageError
-from flax_transformer.training import run_dir
-from flax_transformer.training.run_dir import read_run_json
 
 
 def prepare_workdir(workdir: Path, resume: bool) -> bool:

@@ -14,15 +14,15 @@ import jax
 import numpy as np
 
 from flax_transformer.nn.kinds import abstract_variables, model_for
-from flax_transformer.training import run_dir
+from flax_transformer.training import run_files
 from flax_transformer.training.checkpoint import Checkpointer
-from flax_transformer.training.run import check_matches_checkpoint, checkpoint_steps
+from flax_transformer.training.run_files import check_matches_checkpoint, checkpoint_steps
 
 
 def last_steps(workdir: str | Path, count: int) -> list[int]:
     """The last `count` checkpoint steps of the run (checkpoints/); ValueError when it holds
     fewer (saying how many, and that --keep-checkpoints bounds what a run keeps)."""
-    directory = Path(workdir) / run_dir.CHECKPOINTS
+    directory = Path(workdir) / run_files.CHECKPOINTS
     steps = checkpoint_steps(directory)
     if count < 1:
         raise ValueError(f"--average-last must be >= 1, got {count}")
@@ -39,7 +39,7 @@ def average_params(workdir: str | Path, config, kind: str, steps: list[int]) -> 
     config's parameter dtype (accumulated in float64)."""
     workdir = Path(workdir)
     abstract = abstract_variables(model_for(config, kind))["params"]
-    checkpointer = Checkpointer(workdir / run_dir.CHECKPOINTS, create=False)
+    checkpointer = Checkpointer(workdir / run_files.CHECKPOINTS, create=False)
     total = None
     try:
         for step in steps:

@@ -23,7 +23,7 @@ from flax_transformer.files.interruptions import (  # noqa: F401  (the training 
 )
 from flax_transformer.files.space import out_of_space_message
 from flax_transformer.training.checkpoint import CheckpointWriteError, is_disk_full
-from flax_transformer.training.run_dir import truncate_metrics
+from flax_transformer.training.run_files import truncate_metrics
 
 
 class TrainingError(RuntimeError):

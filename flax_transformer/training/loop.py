@@ -6,7 +6,7 @@ run. The workdir already holds config.json, run.json and tokenizer.json (the tra
 writes them, and results.json from what this returns); this module adds checkpoints/ (and
 checkpoints_best/ with --keep-best), metrics.jsonl and the same metrics as TensorBoard events in
 tensorboard/, the PNGs, the exported weights and, with --profile-steps, profile/. Every name is
-training/run_dir.py's.
+training/run_files.py's.
 
 Progress: a tqdm bar on a terminal; where stderr is a file or a pipe (a log), a plain line per
 logged step instead (no carriage returns or escape codes in the log).
@@ -35,7 +35,7 @@ from flax_transformer.data.token_batches import batch_shapes
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.kinds import SEQ2SEQ
-from flax_transformer.training import run_dir
+from flax_transformer.training import run_files
 from flax_transformer.training.best import BestTracker
 from flax_transformer.training.checkpoint import (
     Checkpointer,
@@ -61,8 +61,7 @@ from flax_transformer.training.optim import make_optimizer, make_schedule
 from flax_transformer.training.options import TrainOptions
 from flax_transformer.training.plots import plot_attention, plot_confusion, plot_curves
 from flax_transformer.training.profiling import StepProfiler, parse_step_range
-from flax_transformer.training.run import init_params_from
-from flax_transformer.training.run_dir import read_metrics, truncate_metrics  # noqa: F401
+from flax_transformer.training.run_files import read_metrics, truncate_metrics  # noqa: F401
 from flax_transformer.training.sharding import check_config_fits, make_mesh, shard_training
 from flax_transformer.training.state import TrainState, create_train_state
 from flax_transformer.training.steps import make_eval_step, make_train_step
@@ -84,6 +83,9 @@ class Job:
     resume: bool = False
     restarted: bool = False  # a --resume of a run that saved no checkpoint: from step 0 again
     labels: LabelChoice | None = None  # a sequence classifier's classes (--task classify)
+    # --init-from: the parameters (inner tree) a new run starts from, loaded by the caller
+    # (runs/load.py's init_params_from); None: a fresh initialisation. Unused on a resume.
+    init_params: Any = None
 
 
 # ----------------------------------------------------------------------------- metrics file
@@ -98,7 +100,7 @@ class MetricsLog:
         None (processes other than 0)."""
         if self.path is None:
             return
-        run_dir.append_metrics(self.path, record)
+        run_files.append_metrics(self.path, record)
         if self.tensorboard is not None:
             self.tensorboard.write(record)
 
@@ -130,7 +132,7 @@ def best_tracking(opt: TrainOptions, workdir: Path, checkpointer: Checkpointer, 
     if not opt.keep_best:
         return tracker, None
     # Orbax keeps everything here; prune_best deletes what the tracker no longer needs.
-    best = Checkpointer(workdir / run_dir.CHECKPOINTS_BEST, keep=None)
+    best = Checkpointer(workdir / run_files.CHECKPOINTS_BEST, keep=None)
     for step in best.steps():
         if step > resumed_at:
             best.delete(step)
@@ -155,7 +157,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     model = model_for(cfg, job.model_kind)
     schedule = make_schedule(opt.schedule, opt.lr, opt.warmup, opt.steps)
     optimizer = make_optimizer(schedule, weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
-    checkpointer = Checkpointer(workdir / run_dir.CHECKPOINTS, keep=opt.keep_checkpoints)
+    checkpointer = Checkpointer(workdir / run_files.CHECKPOINTS, keep=opt.keep_checkpoints)
     # Several processes: one mesh over all their devices, and each builds only its rows of
     # every batch; process 0 alone writes the run's files (metrics, events, pictures, ...).
     mesh = make_mesh(opt.mesh) if opt.mesh else None
@@ -168,11 +170,11 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows,
                          batch_tokens=opt.batch_tokens, multiple=multiple, pack=opt.pack,
                          local_rows=local_rows)  # fmt: skip
-    metrics_path = run_dir.metrics_path(workdir)
+    metrics_path = run_files.metrics_path(workdir)
     resumed_at = 0
     if job.resume:
         abstract = jax.eval_shape(lambda: create_train_state(model, optimizer, opt.seed))
-        set_aside = workdir / run_dir.CHECKPOINTS_UNRESTORABLE
+        set_aside = workdir / run_files.CHECKPOINTS_UNRESTORABLE
         state, loader_state, skipped = checkpointer.restore_newest(abstract, set_aside)
         for step, why in skipped:
             print(
@@ -185,11 +187,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
             truncate_metrics(metrics_path, resumed_at)
         print(f"resumed from step {resumed_at} ({checkpointer.directory})")
     else:
-        fresh = job.labels.fresh_params if job.labels else None  # a classifier's new layers
-        init = None
-        if opt.init_from:
-            init = init_params_from(opt.init_from, cfg, job.model_kind, fresh, opt.seed)
-        state = create_train_state(model, optimizer, opt.seed, init)
+        state = create_train_state(model, optimizer, opt.seed, job.init_params)
         if primary:
             truncate_metrics(metrics_path, 0)  # a new run: an empty metrics.jsonl
     # A resumed run's events purge what the interrupted run logged after the checkpoint.
@@ -197,11 +195,11 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if primary:
         # (A restarted run purges the events its first attempt logged.)
         purge_step = resumed_at + 1 if job.resume or job.restarted else None
-        tensorboard = TensorBoardLog(workdir / run_dir.TENSORBOARD, purge_step=purge_step)
+        tensorboard = TensorBoardLog(workdir / run_files.TENSORBOARD, purge_step=purge_step)
     log = MetricsLog(metrics_path if primary else None, tensorboard)
     tracker, best_checkpointer = best_tracking(opt, workdir, checkpointer, resumed_at)
     profiled = parse_step_range(opt.profile_steps) if opt.profile_steps and primary else None
-    profiler = StepProfiler(workdir / run_dir.PROFILE, profiled)
+    profiler = StepProfiler(workdir / run_files.PROFILE, profiled)
     step_fn = make_train_step(model, optimizer, opt.label_smoothing, opt.grad_accum)
     # With a mesh, evaluation, checkpoints and the final decoding work on a host copy of the
     # state: running other sharded programs between train steps can deadlock XLA:CPU's
@@ -522,20 +520,20 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         pictures["attention"] = str(_attention_picture(model, params, job, workdir))
     if confusion is not None:
         names = job.labels.names
-        pictures["confusion"] = str(plot_confusion(confusion, names, workdir / run_dir.CONFUSION))
+        pictures["confusion"] = str(plot_confusion(confusion, names, workdir / run_files.CONFUSION))
     tensorboard = log.tensorboard
     if "examples" in results:
         tensorboard.examples(results["examples"], step)
     for name in ("attention", "confusion"):
         if name in pictures:
             tensorboard.image(f"valid/{name}", Path(pictures[name]), step)
-    curves = workdir / run_dir.CURVES
-    pictures["curves"] = str(plot_curves(read_metrics(run_dir.metrics_path(workdir)), curves))
-    weights = run_dir.write_weights(workdir, "", params, cfg, job.model_kind)
+    curves = workdir / run_files.CURVES
+    pictures["curves"] = str(plot_curves(read_metrics(run_files.metrics_path(workdir)), curves))
+    weights = run_files.write_weights(workdir, "", params, cfg, job.model_kind)
     if best_params is not None:
         # The best checkpoint's weights too (best_*.safetensors), for the same uses.
-        prefix = run_dir.BEST_PREFIX
-        best_weights = run_dir.write_weights(workdir, prefix, best_params, cfg, job.model_kind)
+        prefix = run_files.BEST_PREFIX
+        best_weights = run_files.write_weights(workdir, prefix, best_params, cfg, job.model_kind)
         weights |= {f"best_{name}": path for name, path in best_weights.items()}
     results.update(
         stats,
@@ -543,7 +541,7 @@ def finish(job, model, state, eval_step, valid_batches, hooks, stats, wall_start
         pictures=pictures,
         weights=weights,
     )
-    return results  # the CLI writes it as results.json (run_dir.write_results)
+    return results  # runs/train.py writes it as results.json (runs/run_dir.py)
 
 
 def _attention_picture(model, params, job: Job, workdir: Path) -> Path:
@@ -556,5 +554,5 @@ def _attention_picture(model, params, job: Job, workdir: Path) -> Path:
         maps,
         job.tokenizer.token_strings(src),
         job.tokenizer.token_strings(tgt_in),
-        workdir / run_dir.ATTENTION,
+        workdir / run_files.ATTENTION,
     )
