@@ -21,6 +21,7 @@ import pytest
 
 import train
 from flax_transformer.runs import run_dir
+from flax_transformer.training import run_files
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -314,7 +315,7 @@ def test_a_full_disk_while_writing_the_weights(tmp_path, monkeypatch, capsys):
         path = run_dir.weight_paths(directory, prefix)["flax"]
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(run_dir, "write_weights", write_weights)
+    monkeypatch.setattr(run_files, "write_weights", write_weights)  # (the loop's own file)
     code = train.main([*TINY, "--steps", "4", "--workdir", str(workdir)])
     out, err = capsys.readouterr()
     assert code == 1

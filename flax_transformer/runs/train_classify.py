@@ -15,9 +15,10 @@ from pathlib import Path
 
 from flax_transformer.data.corpus import held_out_indices
 from flax_transformer.data.pipeline import warn_if_validation_is_training
+from flax_transformer.runs import run_dir
 from flax_transformer.runs.spec import UsageError
 from flax_transformer.spec.kinds import ENCODER
-from flax_transformer.training import classification, run_dir
+from flax_transformer.training import classification
 
 
 class ClassifyInput:
