@@ -58,14 +58,7 @@ def check_spec(spec: TrainSpec) -> None:
             )
     else:  # the init run's config is checked when it is loaded
         check_model_flags(spec)
-    if spec.mesh:
-        from flax_transformer.training.distributed import check_mesh_spans_processes
-        from flax_transformer.training.sharding import MeshError, make_mesh
-
-        try:
-            check_mesh_spans_processes(make_mesh(spec.mesh))
-        except MeshError as err:
-            raise UsageError(f"--mesh: {err}") from None
+    # (--mesh is checked against the devices when the processes join: runs/train.py)
 
 
 def check_classify_spec(spec: TrainSpec) -> None:

@@ -12,17 +12,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from flax_transformer.nn.kinds import abstract_variables, model_for
+from flax_transformer.nn.kinds import model_for
 from flax_transformer.runs import run_dir
 from flax_transformer.runs.run_dir import carry_files  # noqa: F401  (an older home of it)
 from flax_transformer.spec.config import TransformerConfig, config_diff
 from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
-from flax_transformer.spec.naming import flatten_params, unflatten_params
-from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
-from flax_transformer.training.run_files import (  # noqa: F401  (runs/load.py's names)
+from flax_transformer.training.run_files import (  # noqa: F401  (training/run.py's names too)
     check_matches_checkpoint,
     checkpoint_steps,
+    restore_checkpoint,
 )
+from flax_transformer.training.state import start_params
 
 
 @dataclasses.dataclass
@@ -70,24 +70,7 @@ def load_run(
     kind = run.get("model", SEQ2SEQ)
     kind = OLD_NAMES.get(kind, kind)  # a run written before the kind was renamed
     tokenizer = run_dir.read_tokenizer(workdir)
-    model = model_for(config, kind)
-    abstract = abstract_variables(model)["params"]
-    directory, step, chosen = _choose_checkpoint(workdir, checkpoint)
-    checkpointer = Checkpointer(directory, create=False)
-    try:
-        check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
-        if lazy:
-            params = checkpointer.lazy_params(abstract, step)
-        else:
-            params = checkpointer.restore_params(abstract, step)
-    except CheckpointReadError as err:
-        others = sorted(set(checkpoint_steps(workdir / run_dir.CHECKPOINTS)) - {step})
-        hint = (
-            f" (others: steps {', '.join(map(str, others))}; --checkpoint STEP)" if others else ""
-        )
-        raise CheckpointReadError(f"{err}{hint}") from None
-    finally:
-        checkpointer.close()
+    params, step, chosen = restore_checkpoint(workdir, checkpoint, config, kind, lazy=lazy)
     if not lazy:
         params = jax.tree.map(np.asarray, params)
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
@@ -162,65 +145,9 @@ def init_params_from(
     diff = config_diff(run.config, config, ignore=runtime + (HEAD_FIELDS if fresh else ()))
     if diff:
         raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
-    dtype = jax.numpy.dtype(config.param_dtype)
-    params = jax.tree.map(lambda leaf: jax.numpy.asarray(leaf, dtype), run.params["params"])
-    if fresh is None:
-        return params
-    return _with_new_layers(params, model_for(config, kind), tuple(fresh), seed)
+    return start_params(run.params["params"], config, kind, fresh, seed)
 
 
 # The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a
 # masked LM changes them (init_params_from with `fresh`).
 HEAD_FIELDS = ("head", "pooler", "num_labels")
-
-
-def _with_new_layers(saved, model, fresh: tuple[str, ...], seed: int):
-    """The new model's params: `saved` where it has the path and shape (and the path is not
-    under `fresh`), else a new initialisation from `seed`."""
-    from flax_transformer.training.state import init_params
-
-    new = flatten_params(init_params(model, seed))
-    old = flatten_params(saved)
-    taken, started = {}, []
-    for path, leaf in new.items():
-        name = "/".join(path)
-        kept = path in old and old[path].shape == leaf.shape
-        if kept and not any(name == f or name.startswith(f + "/") for f in fresh):
-            taken[path] = old[path]
-        else:
-            taken[path] = leaf
-            started.append(name)
-    dropped = sorted("/".join(p) for p in old if p not in new)
-    modules = sorted({name.rsplit("/", 1)[0] for name in started})
-    if modules or dropped:
-        print(
-            "--init-from: new " + (", ".join(modules) or "nothing")
-            + (f"; left out {', '.join(dropped)}" if dropped else "")
-        )  # fmt: skip
-    return unflatten_params(taken)
-
-
-def _choose_checkpoint(workdir: Path, checkpoint: str | int | None) -> tuple[Path, int, str]:
-    last_dir, best_dir = workdir / run_dir.CHECKPOINTS, workdir / run_dir.CHECKPOINTS_BEST
-    last, best = checkpoint_steps(last_dir), checkpoint_steps(best_dir)
-    if checkpoint is None:
-        checkpoint = "best" if best else "last"
-    if checkpoint == "best":
-        if not best:
-            raise ValueError(f"{best_dir}: no best checkpoint (train with --keep-best)")
-        return best_dir, best[-1], "best"
-    if checkpoint == "last":
-        if not last:
-            raise ValueError(f"{last_dir}: no checkpoint found")
-        return last_dir, last[-1], "last"
-    try:
-        step = int(checkpoint)
-    except ValueError:
-        raise ValueError(f"checkpoint must be last, best or a step, got {checkpoint!r}") from None
-    if step in last:
-        return last_dir, step, "step"
-    if step in best:
-        return best_dir, step, "step"
-    raise ValueError(
-        f"no checkpoint of step {step} in {workdir} (steps: {sorted(set(last + best))})"
-    )

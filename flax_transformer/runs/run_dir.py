@@ -298,6 +298,36 @@ def write_carry_json(workdir: Path, name: str, data: dict) -> None:
     atomic_write_text(Path(workdir) / name, json.dumps(data, indent=2) + "\n")
 
 
+@dataclasses.dataclass(frozen=True)
+class NewRun:
+    """The files a run starts with, written once (never again on --resume): its config and
+    tokenizer, the files the --init-from run carries (`carry`: their names there), and a
+    classifier's label names and Hugging Face config (which replaces the carried one)."""
+
+    config: Any
+    tokenizer: Any
+    init_from: Path | None = None
+    carry: tuple[str, ...] = ()
+    labels: tuple[str, ...] | None = None
+    hf_config: dict | None = None
+
+
+def write_run(workdir: Path, new: NewRun | None, **run_json) -> dict[str, Any]:
+    """A run's record in one go: `new`'s files (a run that starts now; None on --resume), then
+    run.json (write_run_json's keywords; a new run's `carry` is what it copied). Returns what
+    run.json holds."""
+    if new is not None:
+        write_config(workdir, new.config)
+        write_tokenizer(workdir, new.tokenizer)
+        if new.init_from is not None:
+            run_json["carry"] = carry_files(new.init_from, list(new.carry), workdir)
+        if new.labels is not None:
+            write_labels(workdir, new.labels)
+        if new.hf_config is not None:
+            write_carry_json(workdir, HF_CONFIG, new.hf_config)
+    return write_run_json(workdir, **run_json)
+
+
 # ----------------------------------------------------------------------------- results.json
 def write_results(workdir: Path, results: dict[str, Any]) -> None:
     """results.json: the final scores, examples, pictures and weight paths of a run."""

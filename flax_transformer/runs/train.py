@@ -181,8 +181,15 @@ def float64_if(wanted: bool):
 
 def join_processes(options, spec: TrainSpec) -> None:
     """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
-    such a run needs --mesh, over which the batch is split."""
-    from flax_transformer.training.distributed import DistributedError, start, whoami
+    such a run needs --mesh, over which the batch is split. --mesh must fit the devices of all
+    the processes (checked here, once they are known)."""
+    from flax_transformer.training.distributed import (
+        DistributedError,
+        check_mesh_spans_processes,
+        start,
+        whoami,
+    )
+    from flax_transformer.training.sharding import MeshError, make_mesh
 
     try:
         if start(options) and not spec.mesh:
@@ -190,8 +197,12 @@ def join_processes(options, spec: TrainSpec) -> None:
                 f"this is {whoami()}: multi-process training needs --mesh spanning every "
                 "process's devices (e.g. --mesh data=N for N devices in all)"
             )
+        if spec.mesh:
+            check_mesh_spans_processes(make_mesh(spec.mesh))
     except DistributedError as err:
         raise UsageError(str(err)) from None
+    except MeshError as err:
+        raise UsageError(f"--mesh: {err}") from None
 
 
 def run(spec: TrainSpec, data, options, hooks, started: float) -> dict | None:
@@ -310,24 +321,18 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
             + f": recorded in {workdir / run_dir.RUN_JSON}"
         )
     if is_primary() and (not spec.resume or saved is None or changed):
-        if not spec.resume:
-            run_dir.write_config(workdir, config)
-            run_dir.write_tokenizer(workdir, tokenizer)
-            if spec.init_from:
-                carried = run_dir.carry_files(spec.init_from, init_run.get("carry", []), workdir)
-            if classify:  # labels.json, and hf_config.json with them
-                corpus.write_run_files(workdir)
-        run_dir.write_run_json(
-            workdir,
-            model=kind,
-            tokenizer=tokenizer.kind,
-            spec=spec_record(spec),
-            train_examples=len(train_set),
-            valid_examples=len(valid_set),
-            carry=carried,
-            imported_from=saved.get("imported_from") if saved else None,
-            resumed=resumed,
-        )
+        new = None
+        if not spec.resume:  # (a classifier: labels.json, and its hf_config.json with them)
+            new = run_dir.NewRun(
+                config, tokenizer, Path(spec.init_from) if spec.init_from else None,
+                tuple(init_run.get("carry", [])), corpus.labels.names if classify else None,
+                corpus.hf_config if classify else None,
+            )  # fmt: skip
+        run_dir.write_run(
+            workdir, new, model=kind, tokenizer=tokenizer.kind, spec=spec_record(spec),
+            train_examples=len(train_set), valid_examples=len(valid_set), carry=carried,
+            imported_from=saved.get("imported_from") if saved else None, resumed=resumed,
+        )  # fmt: skip
     if not spec.resume and is_primary():
         barrier("run files written")  # the others wait for it before reading the tokenizer
     print(

@@ -133,9 +133,3 @@ class ClassifyInput:
 
     def discard(self) -> None:
         """Nothing was staged."""
-
-    def write_run_files(self, workdir: Path) -> None:
-        """labels.json and the classifier's hf_config.json (after the --init-from run's carried
-        files, which it replaces)."""
-        run_dir.write_labels(workdir, self.labels.names)
-        run_dir.write_carry_json(workdir, run_dir.HF_CONFIG, self.hf_config)

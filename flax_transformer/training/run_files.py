@@ -143,3 +143,67 @@ def checkpoint_steps(directory: Path) -> list[int]:
     if not directory.is_dir():
         return []
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def restore_checkpoint(
+    workdir: Path, checkpoint: str | int | None, config, kind: str, *, lazy: bool = False
+) -> tuple[dict, int, str]:
+    """(params, step, which) of one checkpoint of the run in `workdir` (choose_checkpoint's
+    choice), checked against `config` first (check_matches_checkpoint); `lazy`: LazyArrays,
+    each restored when read (Checkpointer.lazy_params), else numpy arrays. A damaged
+    checkpoint's CheckpointReadError names the other steps there are."""
+    import jax
+    import numpy as np
+
+    from flax_transformer.nn.kinds import abstract_variables, model_for
+    from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
+
+    workdir = Path(workdir)
+    abstract = abstract_variables(model_for(config, kind))["params"]
+    directory, step, chosen = choose_checkpoint(workdir, checkpoint)
+    checkpointer = Checkpointer(directory, create=False)
+    try:
+        check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
+        if lazy:
+            params = checkpointer.lazy_params(abstract, step)
+        else:
+            params = checkpointer.restore_params(abstract, step)
+    except CheckpointReadError as err:
+        others = sorted(set(checkpoint_steps(workdir / CHECKPOINTS)) - {step})
+        hint = (
+            f" (others: steps {', '.join(map(str, others))}; --checkpoint STEP)" if others else ""
+        )
+        raise CheckpointReadError(f"{err}{hint}") from None
+    finally:
+        checkpointer.close()
+    if not lazy:
+        params = jax.tree.map(np.asarray, params)
+    return params, step, chosen
+
+
+def choose_checkpoint(workdir: Path, checkpoint: str | int | None) -> tuple[Path, int, str]:
+    """(directory, step, which) of a run's checkpoint: `checkpoint` "last", "best", a step, or
+    None (the best when the run kept one, else the last); a ValueError naming what is there."""
+    last_dir, best_dir = workdir / CHECKPOINTS, workdir / CHECKPOINTS_BEST
+    last, best = checkpoint_steps(last_dir), checkpoint_steps(best_dir)
+    if checkpoint is None:
+        checkpoint = "best" if best else "last"
+    if checkpoint == "best":
+        if not best:
+            raise ValueError(f"{best_dir}: no best checkpoint (train with --keep-best)")
+        return best_dir, best[-1], "best"
+    if checkpoint == "last":
+        if not last:
+            raise ValueError(f"{last_dir}: no checkpoint found")
+        return last_dir, last[-1], "last"
+    try:
+        step = int(checkpoint)
+    except ValueError:
+        raise ValueError(f"checkpoint must be last, best or a step, got {checkpoint!r}") from None
+    if step in last:
+        return last_dir, step, "step"
+    if step in best:
+        return best_dir, step, "step"
+    raise ValueError(
+        f"no checkpoint of step {step} in {workdir} (steps: {sorted(set(last + best))})"
+    )

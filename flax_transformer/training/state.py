@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.nn.kinds import init_variables
+from flax_transformer.spec.naming import flatten_params, unflatten_params
 
 
 @flax.struct.dataclass
@@ -38,3 +39,41 @@ def create_train_state(model, optimizer, seed: int, params=None) -> TrainState:
         opt_state=optimizer.init(params),
         rng=dropout_key,
     )
+
+
+def start_params(saved, config, kind: str, fresh=None, seed: int = 0):
+    """A new run's parameters from a saved run's (`saved`, the inner tree; --init-from): in the
+    new config's parameter dtype; with `fresh` (parameter paths, e.g. ("head/classifier",)),
+    those layers, and any the saved run lacks or holds in another shape, newly initialised
+    from `seed` (said in one line)."""
+    from flax_transformer.nn.kinds import model_for
+
+    dtype = jnp.dtype(config.param_dtype)
+    params = jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype), saved)
+    if fresh is None:
+        return params
+    return _with_new_layers(params, model_for(config, kind), tuple(fresh), seed)
+
+
+def _with_new_layers(saved, model, fresh: tuple[str, ...], seed: int):
+    """The new model's params: `saved` where it has the path and shape (and the path is not
+    under `fresh`), else a new initialisation from `seed`."""
+    new = flatten_params(init_params(model, seed))
+    old = flatten_params(saved)
+    taken, started = {}, []
+    for path, leaf in new.items():
+        name = "/".join(path)
+        kept = path in old and old[path].shape == leaf.shape
+        if kept and not any(name == f or name.startswith(f + "/") for f in fresh):
+            taken[path] = old[path]
+        else:
+            taken[path] = leaf
+            started.append(name)
+    dropped = sorted("/".join(p) for p in old if p not in new)
+    modules = sorted({name.rsplit("/", 1)[0] for name in started})
+    if modules or dropped:
+        print(
+            "--init-from: new " + (", ".join(modules) or "nothing")
+            + (f"; left out {', '.join(dropped)}" if dropped else "")
+        )  # fmt: skip
+    return unflatten_params(taken)
