@@ -239,6 +239,9 @@ def test_resuming_a_finished_run_says_there_was_nothing_to_train(float32_run, ca
     assert "tok/s" not in out and "tokens/s" not in out
     assert "warning" not in err
     assert run_dir.read_results(workdir)["steps_trained"] == 0
+    # The results name their run, and the summary says where they are from that.
+    assert run_dir.read_results(workdir)["workdir"] == str(workdir)
+    assert f"results: {workdir / run_dir.RESULTS};" in out
 
 
 def test_the_warmup_warning_is_for_a_chosen_warmup_only(tmp_path, capsys):

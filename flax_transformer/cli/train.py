@@ -93,7 +93,7 @@ def _main(argv, hooks, started: float) -> int:
             results = train(spec, hooks, warmup_warning=warmup_warning, started=started)
         if results is not None:  # process 0 of the run
             if json_out != "-":
-                print_summary(results, default_workdir(spec))
+                print_summary(results)
             emit(results, (), json_out)
         return 0
     except (ValueError, *MISSING_INPUT) as err:
@@ -141,7 +141,7 @@ def warmup_chosen(argv, spec) -> bool:
     return not spec.resume and (on_line or from_file)
 
 
-def print_summary(results: dict, workdir: Path) -> None:
+def print_summary(results: dict) -> None:
     """Print the end of a run for a person: steps and speed (or why it stopped early or trained
     nothing), the validation metrics, example decodes and where the results and weights are."""
     from flax_transformer.training.evaluation import scores_text
@@ -187,8 +187,8 @@ def print_summary(results: dict, workdir: Path) -> None:
     for name, path in results.get("pictures", {}).items():
         print(f"{name}: {path}")
     print(
-        f"results: {workdir / run_dir.RESULTS}; weights: {results['weights']['torch']} (torch), "
-        f"{results['weights']['flax']} (flax)"
+        f"results: {Path(results['workdir']) / run_dir.RESULTS}; weights: "
+        f"{results['weights']['torch']} (torch), {results['weights']['flax']} (flax)"
     )
 
 

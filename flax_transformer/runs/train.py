@@ -355,5 +355,6 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
     if not is_primary():
         return None  # process 0 writes the results
     results["wall_time_s"] = time.perf_counter() - started
+    results["workdir"] = str(workdir)  # (where results.json and the rest of the run are)
     run_dir.write_results(workdir, results)
     return results
