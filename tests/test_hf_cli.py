@@ -198,3 +198,23 @@ def test_an_import_fine_tunes_in_bfloat16_and_exports(imported, tmp_path):
     assert tuned.config.replace(dtype="float32") == load_run(run_dir).config
     assert hf_main(["export", str(tmp_path / "bf16"), str(tmp_path / "out")]) == 0
     assert hf.load(tmp_path / "out").config.dtype == "float32"
+
+
+def test_the_workflows_run_without_a_command_line(imported, tmp_path):
+    """runs.hf: hf_import / hf_export from typed specs, each outcome naming what it wrote (the
+    model read back from the run); paths that cannot be written are UsageErrors, checked
+    before anything is converted."""
+    from flax_transformer.runs.hf import HFExportSpec, HFImportSpec, hf_export, hf_import
+    from flax_transformer.runs.spec import UsageError
+
+    hf_dir, run_dir = imported
+    outcome = hf_import(HFImportSpec(hf_dir, tmp_path / "run"))
+    assert (outcome.command, outcome.output, outcome.hf_dir) == ("import", tmp_path / "run", hf_dir)
+    assert outcome.model["family"] == "marian" and outcome.model["kind"] == "seq2seq"
+    assert outcome.model == hf_export(HFExportSpec(run_dir, tmp_path / "out")).model
+    assert "model.safetensors" in hf_export(HFExportSpec(run_dir, tmp_path / "o2")).files
+    with pytest.raises(UsageError, match="does not exist"):
+        hf_import(HFImportSpec(tmp_path / "missing", tmp_path / "run2"))
+    with pytest.raises(UsageError, match="--out"):
+        hf_export(HFExportSpec(run_dir, run_dir / "inside"))
+    assert not (tmp_path / "run2").exists() and not (run_dir / "inside").exists()

@@ -169,3 +169,14 @@ def test_module_entry_point_exit_status(files):
     )
     assert broken.returncode == 1, broken.stderr
     assert "the divergence starts at decoder.layers.1.ffn" in broken.stdout
+
+
+def test_the_workflow_runs_without_a_command_line(files):
+    """runs.parity.parity(ParitySpec(...)): the report the command prints, from a typed spec
+    (no argparse object); a broken B is out of tolerance and named."""
+    from flax_transformer.runs.parity import ParitySpec, parity
+
+    sizes = {"batch_size": 3, "src_len": 7, "tgt_len": 6}
+    assert parity(ParitySpec(a=files["flax"], b=files["torch"], **sizes)).ok
+    report = parity(ParitySpec(a=files["flax"], b=files["broken"], **sizes))
+    assert not report.ok and "ffn" in report.format_table()
