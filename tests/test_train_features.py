@@ -199,3 +199,14 @@ def test_best_tracker_counts_misses_once_per_step():
     assert higher.update(1, {"exact_match": 0.5}) and higher.update(2, {"exact_match": 0.6})
     with pytest.raises(ValueError, match="metric must be one of"):
         BestTracker("bleu")
+
+
+def test_the_loop_reads_no_init_run_itself(tmp_path):
+    """--init-from's parameters reach the loop loaded (runs.load.init_params_from): a Job that
+    names an init run but carries no parameters is refused, not silently trained from scratch."""
+    from flax_transformer.training.loop import Job, run_training
+    from flax_transformer.training.options import TrainOptions
+
+    job = Job(tmp_path, None, "seq2seq", None, None, None, TrainOptions(init_from="elsewhere"))
+    with pytest.raises(ValueError, match="init_params_from"):
+        run_training(job)

@@ -151,6 +151,12 @@ def prune_best(best: Checkpointer | None, tracker: BestTracker) -> None:
 # ----------------------------------------------------------------------------- loop
 def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     """Trains (or resumes) `job`; `hooks` see every step and evaluation and may stop the run."""
+    if job.options.init_from and job.init_params is None and not job.resume:
+        # The loop reads no run directory: an --init-from run's parameters come loaded.
+        raise ValueError(
+            f"init_from {job.options.init_from} without Job.init_params: load them with "
+            "flax_transformer.runs.load.init_params_from (runs.train.train does)"
+        )
     job = cap_validation(job)
     opt, cfg, workdir = job.options, job.config, job.workdir
     pad = job.tokenizer.pad_id
