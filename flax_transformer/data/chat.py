@@ -25,7 +25,6 @@ from flax_transformer.data.pipeline import (
     DataError,
     Dataset,
     Pair,
-    no_pair_fits,
     warn_long_pairs,
 )
 from flax_transformer.hf.chat_template import ChatTemplateError, tokens_in_spans
@@ -107,7 +106,10 @@ def encode_chats(chats, tokenizer, template, max_len: int, on_long: str = "skip"
         kept.append(Pair("", text, where))
     if long:
         warn_long_pairs(len(long), long, max_len, on_long, stacklevel=3)
-    if not kept:
-        raise no_pair_fits(", ".join(dict.fromkeys(w.rsplit(":", 1)[0] for _, w in chats)),
-                           len(chats), max_len)  # fmt: skip
+    if not kept:  # (the model's max_len: an --init-from run's, which no flag changes)
+        files = ", ".join(dict.fromkeys(w.rsplit(":", 1)[0] for _, w in chats))
+        raise DataError(
+            f"{WHAT} {files}: no conversation fits the model's max_len {max_len} (all "
+            f"{len(chats)} are longer); pass --on-long truncate to keep their beginnings"
+        )
     return Dataset(tgt_in, tgt_out, None, kept, weights)

@@ -28,16 +28,23 @@ FORMATS = ("text", "jsonl", "chat")
 
 
 def finetune_format(path: str | Path) -> str:
-    """The format of a fine-tuning file: "chat" or "jsonl" for a .jsonl file (by its first
-    non-blank line: "messages" or not), else "text"."""
+    """The format of a fine-tuning file: "chat" or "jsonl" for a .jsonl file (jsonl_format),
+    else "text"."""
     if Path(path).suffix.lower() not in (".jsonl", ".json"):
         return "text"
+    return jsonl_format(path)
+
+
+def jsonl_format(path: str | Path) -> str:
+    """ "chat" when the first non-blank line of a JSONL file is an object with "messages",
+    else "jsonl" (the line's own problems are named by the reader of that format);
+    DataError for a file without one."""
     for number, raw in enumerate(corpus.raw_lines(path, "jsonl"), start=1):
         line = corpus.decode("jsonl", path, number, raw)
         if line.strip():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return "jsonl"  # (the JSONL reader names the problem)
             return "chat" if isinstance(record, dict) and "messages" in record else "jsonl"
     raise DataError(f"JSONL file {path}: the file is empty")

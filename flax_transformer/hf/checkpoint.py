@@ -40,6 +40,9 @@ TOKENIZER_FILES = (
     "sentencepiece.bpe.model",
     "spiece.model",
 )
+# A tokenizer's chat template, beside its files (transformers 5 writes chat_template.jinja):
+# copied with them, so that an export of a chat fine-tune keeps it; not a tokenizer alone.
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 @dataclasses.dataclass
@@ -123,7 +126,7 @@ def copy_tokenizer_files(source: Path, destination: Path) -> list[str]:
     copied = []
     if Path(source).resolve() == Path(destination).resolve():
         return copied
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES + CHAT_TEMPLATE_FILES:
         if (Path(source) / name).exists():
             shutil.copyfile(Path(source) / name, Path(destination) / name)
             copied.append(name)

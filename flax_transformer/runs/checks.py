@@ -33,6 +33,7 @@ def check_spec(spec: TrainSpec) -> None:
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
+    check_chat_spec(spec)
     check_validation_file(spec)
     if spec.lm_valid and not spec.lm_text:
         raise UsageError("--lm-valid needs --lm-text")
@@ -81,6 +82,31 @@ def check_classify_spec(spec: TrainSpec) -> None:
     if refused:
         names = ", ".join("--" + f.replace("_", "-") for f in refused)
         raise UsageError(f"--task classify does not take {names}")
+
+
+def check_chat_spec(spec: TrainSpec) -> None:
+    """A --train-jsonl of conversations fine-tunes an --init-from LLM (its tokenizer's chat
+    template renders them; runs/train_chat.py), validated on conversations."""
+    if not (spec.train_jsonl and is_chat_file(spec.train_jsonl)):
+        return
+    if not spec.init_from:
+        raise UsageError(
+            f'--train-jsonl {spec.train_jsonl} holds conversations ({{"messages"}}): a chat '
+            "fine-tune starts from --init-from RUN (an `ftx hf import` of a decoder LLM whose "
+            "tokenizer has a chat template)"
+        )
+    if spec.valid_tsv:
+        raise UsageError(
+            f"--valid-tsv holds translation pairs; --train-jsonl {spec.train_jsonl} holds "
+            'conversations: give --valid-jsonl of {"messages"} records'
+        )
+
+
+def is_chat_file(path) -> bool:
+    """Whether a JSONL file holds conversations (its first non-blank line has "messages")."""
+    from flax_transformer.data.finetune import jsonl_format
+
+    return jsonl_format(path) == "chat"
 
 
 # The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.
@@ -193,13 +219,16 @@ def check_validation_file(spec: TrainSpec) -> None:
 
 
 def corpus_kind(spec: TrainSpec) -> str:
-    """The model kind the data trains: LM for --lm-text or a --train-jsonl of {"text"}
-    records (its first line decides; a DataError when it cannot be read), else seq2seq."""
+    """The model kind the data trains: LM for --lm-text or a --train-jsonl of {"text"} or
+    {"messages"} records (its first line decides; a DataError when it cannot be read), else
+    seq2seq."""
     if spec.lm_text:
         return LM
     if getattr(spec, "train_jsonl", None):
         from flax_transformer.data.corpus import jsonl_kind
 
+        if is_chat_file(spec.train_jsonl):
+            return LM
         return jsonl_kind(spec.train_jsonl)
     return SEQ2SEQ
 

@@ -231,9 +231,9 @@ def _train(spec, data, options, hooks, started: float, workdir: Path, lock: Work
 
         corpus = ClassifyInput(spec, workdir)
     elif source is not None:
-        from flax_transformer.runs.train_data import CorpusInput, kind_of
+        from flax_transformer.runs.train_data import corpus_input
 
-        corpus = CorpusInput(spec, source, kind_of(spec, source[0]))
+        corpus = corpus_input(spec, source)  # (a chat JSONL's: runs/train_chat.py)
     try:
         return _train_on(spec, data, options, hooks, started, workdir, lock, corpus)
     finally:
@@ -267,9 +267,11 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
         init_kind = init_run.get("model")
         init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
         if init_kind not in (None, kind):
+            held = f"{'an' if init_kind[0] in 'aeiou' else 'a'} {init_kind} model"
+            wanted = "a decoder-only language model" if kind == LM else f"a {kind} model"
             raise UsageError(
-                f"--init-from {spec.init_from} holds a {init_kind} model; the data "
-                f"given trains a {kind} model"
+                f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
+                "trains one"
             )
     if not (spec.resume or is_primary()):
         barrier("run files written")  # the other processes use process 0's tokenizer

@@ -1,7 +1,8 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text): checked in a
 streaming pass, tokenized once into the run directory's token cache (data/token_cache.py)
 and read from it lazily; --resume reuses the cache. The built-in tasks stay in memory
-(runs/train.py's load_pairs)."""
+(runs/train.py's load_pairs), and so does a --train-jsonl of conversations (runs/train_chat.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from flax_transformer.data import corpus, token_cache
+from flax_transformer.data.finetune import jsonl_format
 from flax_transformer.runs.run_dir import TOKENIZER
 from flax_transformer.spec.kinds import LM, SEQ2SEQ
 
@@ -25,6 +27,17 @@ def corpus_source(spec):
     if spec.lm_text:
         return "text", spec.lm_text, "text", spec.lm_valid
     return None
+
+
+def corpus_input(spec, source):
+    """The input of a corpus source: a ChatInput for a --train-jsonl of {"messages"} records,
+    else a CorpusInput of the format's model kind."""
+    fmt, path = source[:2]
+    if fmt == "jsonl" and jsonl_format(path) == "chat":
+        from flax_transformer.runs.train_chat import ChatInput
+
+        return ChatInput(spec)
+    return CorpusInput(spec, source, kind_of(spec, fmt))
 
 
 class CorpusInput:
