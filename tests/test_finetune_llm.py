@@ -213,6 +213,35 @@ def test_chat_fine_tune_learns_the_replies_only_and_exports_exactly(imported, fa
     assert reread.chat_template == hf_chat.LLAMA3_MARKED
 
 
+def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, tmp_path):
+    """The training command's input for a {"messages"} --train-jsonl (runs/train_chat.py): the
+    template's ids, tgt_weights = transformers' assistant mask; a {"text"} file stays a
+    token-cache corpus."""
+    from flax_transformer.runs.spec import TrainSpec
+    from flax_transformer.runs.train_chat import ChatInput
+    from flax_transformer.runs.train_data import CorpusInput, corpus_input, corpus_source
+    from flax_transformer.training.run_dir import read_tokenizer
+
+    run, tokenizer = imported["llama"]
+    chats = write_lines(tmp_path / "chat.jsonl", [json.dumps({"messages": c}) for c in CHATS])
+    valid = write_lines(tmp_path / "valid.jsonl", [json.dumps({"messages": VALID_CHAT})])
+    spec = TrainSpec(train_jsonl=str(chats), valid_jsonl=str(valid), init_from=str(run))
+    chat_input = corpus_input(spec, corpus_source(spec))
+    assert isinstance(chat_input, ChatInput) and chat_input.kind == "lm"
+    chat_input.read(scan=True)
+    sets = chat_input.datasets(read_tokenizer(run), 128, "skip", tmp_path, primary=True)
+    for dataset, conversations in zip(sets, (CHATS, [VALID_CHAT]), strict=True):
+        expected = chat_sequences(tokenizer, conversations)
+        assert len(dataset) == len(expected)
+        for i, (ids, weights) in enumerate(expected):
+            assert dataset.tgt_in[i].tolist() == ids[:-1]
+            assert dataset.tgt_out[i].tolist() == ids[1:]
+            assert dataset.tgt_weights[i].tolist() == weights
+    texts = write_lines(tmp_path / "text.jsonl", [json.dumps({"text": t}) for t in DOCUMENTS])
+    spec = TrainSpec(train_jsonl=str(texts), init_from=str(run))
+    assert isinstance(corpus_input(spec, corpus_source(spec)), CorpusInput)
+
+
 # ------------------------------------------------------------------------------ bad input
 def train_error(argv, capsys) -> str:
     """The training command's one-line error (exit 2), nothing written."""
