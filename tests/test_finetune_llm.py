@@ -138,7 +138,7 @@ def chat_sequences(tokenizer, chats):
 def project_logits(workdir, ids) -> np.ndarray:
     """The fine-tuned run's float32 logits (its last checkpoint, this project's forward)."""
     from flax_transformer.hf.model import HFModel
-    from flax_transformer.training.run import load_run
+    from flax_transformer.runs.load import load_run
 
     run = load_run(workdir)
     hf_config = json.loads((workdir / "hf_config.json").read_text())
@@ -178,7 +178,7 @@ def test_text_fine_tune_counts_every_token_and_exports_exactly(imported, family,
         as_json = [json.dumps({"text": t}) for t in train], [json.dumps({"text": t}) for t in valid]
         flags = ["--train-jsonl", write_lines(tmp_path / "train.jsonl", as_json[0])]
         flags += ["--valid-jsonl", write_lines(tmp_path / "valid.jsonl", as_json[1])]
-    from flax_transformer.training.run import load_run
+    from flax_transformer.runs.load import load_run
 
     sequences = document_sequences(tokenizer, load_run(run), valid)
     before = nll_of(transformers.AutoModelForCausalLM.from_pretrained(run.parent / "hf"), sequences)
@@ -217,10 +217,10 @@ def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, 
     """The training command's input for a {"messages"} --train-jsonl (runs/train_chat.py): the
     template's ids, tgt_weights = transformers' assistant mask; a {"text"} file stays a
     token-cache corpus."""
+    from flax_transformer.runs.run_dir import read_tokenizer
     from flax_transformer.runs.spec import TrainSpec
     from flax_transformer.runs.train_chat import ChatInput
     from flax_transformer.runs.train_data import CorpusInput, corpus_input, corpus_source
-    from flax_transformer.training.run_dir import read_tokenizer
 
     run, tokenizer = imported["llama"]
     chats = write_lines(tmp_path / "chat.jsonl", [json.dumps({"messages": c}) for c in CHATS])
