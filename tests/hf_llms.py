@@ -93,7 +93,8 @@ CELLS.update(
 )
 # Phi-3: GQA through the fused qkv_proj (q 24 wide, k and v 12), half of each 12-wide head
 # turned, longrope's long table past 13 tokens (the battery's batch and generation stay within
-# it: hf.generate refuses to cross it; test_hf_llms.py checks the long table on a wider batch).
+# it; test_hf_llms.py checks the long table on a wider batch, test_hf_longrope_generation.py
+# generation across it).
 PHI3_ROPE = dict(
     rope_type="longrope",
     rope_theta=100.0,

@@ -36,6 +36,7 @@ from flax_transformer.decoding.engine import run_search
 from flax_transformer.decoding.inputs import Source
 from flax_transformer.decoding.rules import ChooseGreedy
 from flax_transformer.decoding.token_search import TokenSelector
+from flax_transformer.hf import longrope_generation
 from flax_transformer.hf.beam_selector import HFBeam
 from flax_transformer.hf.generation_options import Options, resolve
 from flax_transformer.hf.generation_processors import HFProcessors, plan_and_knobs, sampling_rule
@@ -54,12 +55,20 @@ class _Search:
     n_eos: int
     n_new: int
     prefix_len: int  # tokens prefilled in one call: the shortest prompt
+    recompute: bool | None = None  # longrope's switch-over (longrope_generation.py): None: none
 
 
 @functools.partial(jax.jit, static_argnames=("model", "search"))
-def _run(model, variables, rows: Rows, source: Source | None, knobs, rng, search: _Search):
+def _run(
+    model, variables, rows: Rows, source: Source | None, knobs, rng, search: _Search, long_from
+):
     cache_len = rows.tokens.shape[1] + search.n_new - 1  # the last token is not fed
-    stepper = make_stepper(model, variables, source, cache_len, True)
+    if search.recompute is None:
+        stepper = make_stepper(model, variables, source, cache_len, True)
+    else:
+        stepper = longrope_generation.switching_stepper(
+            model, variables, cache_len, long_from, search.recompute
+        )
     if search.beams > 1:
         selector = HFBeam(
             rows,
@@ -129,16 +138,13 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     if expand > 1:  # sampling several sequences per input: transformers repeats the rows
         ids = np.repeat(ids, expand, axis=0)
         mask = None if mask is None else np.repeat(mask, expand, axis=0)
-    if config.rope_scaling == "longrope" and opts.max_length - 1 > config.rope_original_max_len:
-        raise ValueError(
-            f"generate: max_length {opts.max_length} passes longrope's switch to its long "
-            f"factors at {config.rope_original_max_len} tokens (original_max_position_"
-            "embeddings), where transformers recomputes the whole sequence: not supported yet"
-        )
     if is_seq2seq:
         rows, source = _seq2seq_rows(ids, mask, opts, config.max_len)
     else:
         rows, source = _lm_rows(ids, mask, opts, config.max_len), None
+    rope, long_from, recompute = longrope_generation.plan(
+        config, np.asarray(rows.pads), ids.shape[1], opts.max_length
+    )
     if opts.num_beams > 1:  # transformers fills beam outputs with `pad or eos[0]`, else -1
         fill = (opts.pad_id or opts.eos_ids[0]) if opts.eos_ids else -1
         rows = rows.replace(
@@ -152,12 +158,15 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
         n_eos=len(opts.eos_ids),
         n_new=opts.max_new_tokens,
         prefix_len=int(rows.lengths.min()),
+        recompute=recompute if rope == "switch" else None,
     )
     if rng is None:
         rng = jax.random.key(0 if seed is None else int(seed))
     rows = jax.tree.map(jnp.asarray, rows)
     model, variables = _for_generation(hf_model)
-    seq, lengths = _run(model, variables, rows, source, knobs, rng, search)
+    if rope == "long":  # the prompt passes original_max_position_embeddings already
+        model = longrope_generation.tables(model)[1]
+    seq, lengths = _run(model, variables, rows, source, knobs, rng, search, long_from)
     seq, lengths = np.asarray(seq), np.asarray(lengths)
     if opts.num_beams > 1:
         nrs = opts.num_return_sequences
