@@ -1,7 +1,7 @@
-"""compare_modules for decoder LMs: transformers' PyTorch Llama, Mistral, Qwen2, Qwen3 (and
-GPT-2: the same machinery, its own names) causal LMs against this project's Flax decoder of the
-same checkpoint (`flax_transformer.hf.load(path)`), without writing the module-name mapping by
-hand.
+"""compare_modules for decoder LMs: transformers' PyTorch Llama, Mistral, Qwen2, Qwen3, Gemma,
+Gemma 2, Gemma 3 (text), Phi-3 (and GPT-2: the same machinery, its own names) causal LMs
+against this project's Flax decoder of the same checkpoint (`flax_transformer.hf.load(path)`),
+without writing the module-name mapping by hand.
 
     report = compare_hf_decoder(torch_model, hf.load(path), ids, mask)
     report.ok, report.first_divergence, report.diagnosis.verdict, print(report.format_table())
@@ -15,6 +15,13 @@ whose value the Flax side does not have are EXCLUDE, listed as "missing": the ro
 keeps silu(gate) * up only), GPT-2's fused c_attn (three values on the Flax side) and, with
 tied embeddings, lm_head (its output is the logits, compared at the root). GPT-2's position
 rows are compared as the rows each token reads (the Flax module's output minus its input).
+Gemma's embedding is compared scaled by sqrt(hidden_size) (transformers' module includes the
+scale); Gemma 2 / 3's norms after each sublayer pair with attn_out_norm / ffn_out_norm;
+Gemma 3's q / k norms run on heads-first tensors, compared transposed.
+Phi-3's fused qkv_proj and gate_up_proj are compared part by part: a copy of the torch model
+has their outputs cut into modules of their own (`qkv_proj.query` | `.key` | `.value`,
+`gate_up_proj.gate` | `.up`; fused_parts.py), each paired with its Flax projection, so a bug in
+one part is named there; the fused output itself is "missing".
 
 transformers computes RMSNorm and the rotary tables in float32 even in a float64 model (about
 1e-7 relative). In float64 `compare_hf_decoder` therefore runs transformers with those two
@@ -25,21 +32,24 @@ parts patched to float64 (`transformers_float64_norms_and_rotary`; the report's 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import re
 
 import numpy as np
 
 from flax_transformer.nn.attention import make_causal_mask
+from flax_transformer.parity.fused_parts import with_parts
 from flax_transformer.parity.hf_bert import real_tokens, token_array
 from flax_transformer.parity.inputs import ParityInputError
 from flax_transformer.parity.modules import compare_modules
 from flax_transformer.parity.pairing import EXCLUDE
 from flax_transformer.parity.report import ParityReport
-from flax_transformer.parity.transforms import minus_input
+from flax_transformer.parity.transforms import minus_input, times_in_own_dtype, transpose
 
 # transformers' model_type -> the class prefix of its RMSNorm / RotaryEmbedding.
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+FAMILIES.update(gemma="Gemma", gemma2="Gemma2", gemma3_text="Gemma3", phi3="Phi3")
 
 # A layer's modules (after `model.layers.N.`) -> the Flax path under `decoder/layers_N/`.
 DECODER_LAYER = {
@@ -62,6 +72,29 @@ LLAMA_BASE = {
     "embed_tokens": "tgt_embed",
     "rotary_emb": EXCLUDE,  # cos / sin tables: computed inside the Flax attention
     "norm": "decoder/norm",
+}
+# Gemma 2 / 3: a norm after each sublayer too (the Flax side's attn_out_norm / ffn_out_norm).
+GEMMA2_LAYER = {
+    **DECODER_LAYER,
+    "post_attention_layernorm": "attn_out_norm",
+    "pre_feedforward_layernorm": "norm2",
+    "post_feedforward_layernorm": "ffn_out_norm",
+}
+# Phi-3: its fused projections compared part by part (fused_parts.py cuts their outputs into
+# modules of their own: `qkv_proj.query`, ...); the fused output itself has no Flax value.
+PHI3_LAYER = {
+    **{k: v for k, v in DECODER_LAYER.items() if "_proj" not in k or "o_proj" in k},
+    "self_attn.qkv_proj": EXCLUDE,
+    "self_attn.qkv_proj.fused": EXCLUDE,
+    **{f"self_attn.qkv_proj.{part}": f"self_attn/{part}" for part in ("query", "key", "value")},
+    "resid_attn_dropout": "Dropout_0",
+    "mlp.gate_up_proj": EXCLUDE,
+    "mlp.gate_up_proj.fused": EXCLUDE,
+    "mlp.gate_up_proj.gate": "ffn/linear1",
+    "mlp.gate_up_proj.up": "ffn/linear3",
+    "mlp.activation_fn": EXCLUDE,
+    "mlp.down_proj": "ffn/linear2",
+    "resid_mlp_dropout": "Dropout_1",
 }
 # GPT-2 (`transformer.h.N.`): the same machinery, its own names. Its fused c_attn (q, k and v in
 # one output) has no single Flax value (the Flax side has three): EXCLUDE.
@@ -87,9 +120,44 @@ GPT2_BASE = {
 # model_type -> (the base model's name, its layer list, a layer's modules, the base's modules)
 LAYOUTS = {
     **{model_type: ("model", "layers", DECODER_LAYER, LLAMA_BASE) for model_type in FAMILIES},
+    "gemma2": ("model", "layers", GEMMA2_LAYER, LLAMA_BASE),
+    "gemma3_text": ("model", "layers", GEMMA2_LAYER, LLAMA_BASE),
+    "phi3": ("model", "layers", PHI3_LAYER, LLAMA_BASE),
     "gpt2": ("transformer", "h", GPT2_LAYER, GPT2_BASE),
 }
-FLAX_TRANSFORMS = {"gpt2": {"pos_embed": minus_input()}}
+
+
+def flax_transforms(model_type: str, config) -> dict | None:
+    """The Flax tensors brought into transformers' layout: GPT-2's position rows (what the
+    module adds); the Gemmas' embedding times sqrt(hidden_size), which transformers' scaled
+    embedding module includes and the Flax model applies after its table."""
+    if model_type == "gpt2":
+        return {"pos_embed": minus_input()}
+    if config.scale_embeddings:
+        return {"tgt_embed": times_in_own_dtype(np.sqrt(config.d_model), "sqrt(d_model)")}
+    return None
+
+
+# Gemma 3 norms q and k per head after moving the heads first: (batch, heads, len, head_dim).
+TORCH_TRANSFORMS = {"gemma3_text": {r".*self_attn\.[qk]_norm": transpose(0, 2, 1, 3)}}
+
+
+def fused_parts(model_type: str, hf_config: dict) -> dict:
+    """Phi-3's fused projections by module name -> their parts (fused_parts.with_parts)."""
+    if model_type != "phi3":
+        return {}
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    query = heads * head_dim
+    key = value = (hf_config.get("num_key_value_heads") or heads) * head_dim
+    inner = hf_config["intermediate_size"]
+    parts = {}
+    for i in range(hf_config["num_hidden_layers"]):
+        parts[f"model.layers.{i}.self_attn.qkv_proj"] = (
+            ("query", query), ("key", key), ("value", value),
+        )  # fmt: skip
+        parts[f"model.layers.{i}.mlp.gate_up_proj"] = (("gate", inner), ("up", inner))
+    return parts
 
 
 def decoder_module_names(tied: bool = False, model_type: str = "llama"):
@@ -286,6 +354,9 @@ def compare_hf_decoder(
         if patched
         else contextlib.nullcontext()
     )
+    parts = fused_parts(model_type, hf_model.hf_config)
+    if parts:  # on a copy: the caller's model stays as it is
+        torch_model = with_parts(copy.deepcopy(torch_model), parts)
     with context:
         report = compare_modules(
             torch_model,
@@ -299,7 +370,8 @@ def compare_hf_decoder(
             rtol=rtol,
             mask=real_tokens(mask),
             mapping=decoder_module_names(bool(hf_model.config.tie_output), model_type),
-            flax_transforms=FLAX_TRANSFORMS.get(model_type),
+            transforms=TORCH_TRANSFORMS.get(model_type),
+            flax_transforms=flax_transforms(model_type, hf_model.config),
         )
     what = "RMSNorm and rotary tables in float64" if patched else "as it is"
     info = {**report.info, "transformers": what}

@@ -16,6 +16,7 @@ common ones, with a readable name for the report:
 there a transform may also read the module's first input:
 
     minus_input()                output - input: what a module added to its input (positions)
+    times_in_own_dtype(c, "c")   x * c rounded to x's dtype (a scale applied after the module)
     take(0)                      x[0]: one row of a batch (all rows equal, e.g. a table)
 """
 
@@ -87,6 +88,11 @@ def heads_first(num_heads: int) -> Transform:
 def minus_input() -> Transform:
     """output - the module's first input (Flax side only): what the module added."""
     return _Named("minus_input", lambda x, module_input: x - module_input, needs_input=True)
+
+
+def times_in_own_dtype(factor: float, name: str) -> Transform:
+    """x * factor, the factor rounded to x's dtype first (as the model multiplies)."""
+    return _Named(f"times {name}", lambda x: x * np.asarray(factor, np.asarray(x).dtype))
 
 
 def take(index: int, axis: int = 0) -> Transform:
