@@ -241,12 +241,17 @@ def test_sampling_follows_the_rules(llms):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["qwen2_biases_yarn_window_tied", "qwen3_norms", "gemma2_softcap_local_global"]
-)
+    "name",
+    [
+        "qwen2_biases_yarn_window_tied", "qwen3_norms", "gemma_mqa_tied",
+        "gemma2_softcap_local_global", "gemma3_local_rope", "phi3_fused_longrope_partial",
+    ],
+)  # fmt: skip
 def test_int8_and_bfloat16_close_to_float32(llms, name):
     """quantize="int8" and bfloat16 parameters for these families: logits within a few
-    hundredths of float32's (measured 0.009-0.021 on logits of ~1.5), generation runs and
-    mostly agrees (measured 93-100% of the tokens)."""
+    hundredths of float32's (measured 0.011-0.032 on logits up to 1.9-3.3), generation runs and
+    mostly agrees (measured 88-100% of the tokens, prompts included; Gemma's 88%: one row
+    parts at a float32 near-tie, its top two 0.0008 apart)."""
     _, path = llms[name]
     ids, mask = prompts()
     real = mask.astype(bool)

@@ -24,17 +24,23 @@ from flax_transformer.hf.shards import (
 from flax_transformer.interop.safetensors_stream import LazyArray, open_safetensors
 from flax_transformer.spec.tree_check import ConversionError
 
-from . import hf_models
+from . import hf_llms, hf_models
 
-# GPT-2 (fused, transposed tensors) and T5 (the head's tying read from the weights) in the fast
-# suite; Marian and BERT in the slow pass.
-CELLS = ("gpt2", "t5", *(pytest.param(f, marks=pytest.mark.slow) for f in ("marian", "bert")))
+# GPT-2 (fused, transposed tensors), T5 (the head's tying read from the weights), Phi-3 (fused
+# qkv_proj / gate_up_proj split on load) and Gemma 2 (offset norms, soft-capping) in the fast
+# suite; Marian, BERT, Llama, Gemma and Gemma 3 in the slow pass. The decoder LLMs are the
+# briefly trained cells of tests/hf_llms.py.
+SLOW = ("marian", "bert", "llama_gqa", "gemma_mqa_tied", "gemma3_local_rope")
+FAST = ("gpt2", "t5", "phi3_fused_longrope_partial", "gemma2_softcap_local_global")
+CELLS = (*FAST, *(pytest.param(f, marks=pytest.mark.slow) for f in SLOW))
 SHARD = "20KB"  # each tiny model in several shards
 
 
 def _torch_model(family: str):
     import transformers
 
+    if family in hf_llms.CELLS:
+        return hf_llms.build(family)
     if family == "bert":
         return hf_models.build_encoder_only("bert_sequence")
     if family == "t5":
@@ -47,6 +53,8 @@ def _torch_model(family: str):
 def _auto_class(family: str):
     import transformers
 
+    if family in hf_llms.CELLS:
+        return transformers.AutoModelForCausalLM
     return {
         "gpt2": transformers.AutoModelForCausalLM,
         "bert": transformers.AutoModelForSequenceClassification,
@@ -149,6 +157,22 @@ def test_bfloat16_loads_as_bfloat16_and_saves_bit_exact(saved, family, tmp_path)
     for (path, a), (_, b) in zip(_leaves(wide), _leaves(model), strict=True):
         assert a.dtype == np.float32, path
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(np.float32))
+
+
+@pytest.mark.slow
+def test_a_soft_capped_bfloat16_checkpoint_gives_finite_capped_logits(saved):
+    """Gemma 2's bfloat16 checkpoint run in bfloat16: finite logits, within the final cap
+    (3.0), close to the float32 model's on the left-padded batch."""
+    plain, _, bf16 = saved["gemma2_softcap_local_global"]
+    ids, mask, positions = hf_llms.left_padded(np.random.default_rng(0))
+    real = mask.astype(bool)
+    model = hf.load(bf16, dtype="bfloat16")
+    logits = model.forward(ids, mask, position_ids=positions)
+    assert logits.dtype == jax.numpy.bfloat16
+    logits = np.asarray(logits, np.float32)[real]
+    assert np.all(np.isfinite(logits)) and np.max(np.abs(logits)) <= 3.0
+    reference = np.asarray(hf.load(plain).forward(ids, mask, position_ids=positions))[real]
+    assert np.max(np.abs(logits - reference)) < 0.05 * np.max(np.abs(reference))
 
 
 def _copy(source, destination):
