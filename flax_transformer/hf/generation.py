@@ -142,9 +142,11 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
         rows, source = _seq2seq_rows(ids, mask, opts, config.max_len)
     else:
         rows, source = _lm_rows(ids, mask, opts, config.max_len), None
-    rope, long_from, recompute = longrope_generation.plan(
-        config, np.asarray(rows.pads), ids.shape[1], opts.max_length
-    )
+    rope, long_from, recompute = ("plain", None, False)
+    if not is_seq2seq:  # Phi-3's longrope switch-over (a decoder-only rule)
+        rope, long_from, recompute = longrope_generation.plan(
+            config, np.asarray(rows.pads), ids.shape[1], opts.max_length
+        )
     if opts.num_beams > 1:  # transformers fills beam outputs with `pad or eos[0]`, else -1
         fill = (opts.pad_id or opts.eos_ids[0]) if opts.eos_ids else -1
         rows = rows.replace(
