@@ -117,11 +117,12 @@ CLASSES = {"Gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 TRAIN_STEPS = 8
 
 
-def build(name: str, seed: int = 0):
-    """The transformers model of cell `name`, trained TRAIN_STEPS Adam steps to count (each
+def build(name: str, seed: int = 0, steps: int = TRAIN_STEPS):
+    """The transformers model of cell `name`, trained `steps` Adam steps to count (each
     token the previous + 1: its continuations vary, so EOS ids end rows at different steps;
     no weight sits at its init: norms away from 1, biases away from 0), returned in eval mode,
-    float32."""
+    float32. steps=0: transformers' random init (small logit margins: tokens that a change of
+    rotary table moves)."""
     import transformers
 
     prefix, changes = CELLS[name]
@@ -135,7 +136,7 @@ def build(name: str, seed: int = 0):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: threads only contend
     try:
-        for _ in range(TRAIN_STEPS):  # counting: each token the previous one + 1
+        for _ in range(steps):  # counting: each token the previous one + 1
             start = rng.integers(0, VOCAB - 3, (8, 1))
             ids = torch.from_numpy((start + np.arange(12)) % (VOCAB - 3) + 3)
             loss = model(input_ids=ids, labels=ids).loss

@@ -15,8 +15,10 @@ output. `use_cache=False` recomputes every step without the KV cache (the refere
 
 One jitted function decodes: the model, the strategy's class, Beam.size, max_new_tokens, the
 input shapes and the shortest prompt length are compile-time constants; the strategy's numbers
-and eos_id are traced. The six functions at the end are the historical names, each one call
-of `generate`.
+and eos_id are traced. A longrope LM (Phi-3) generates each row as transformers generates it
+alone: over to the long table past original_max_position_embeddings (decoding.longrope), so a
+row's tokens do not depend on the rest of its batch. The six functions at the end are the
+historical names, each one call of `generate`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from flax_transformer.decoding.beam_gnmt import GNMTBeam
 from flax_transformer.decoding.cache import make_stepper
 from flax_transformer.decoding.engine import run_search
 from flax_transformer.decoding.inputs import Prompts, Source, decoder_inputs, eos_array
+from flax_transformer.decoding.longrope import plan_rows_alone, stepper_for_rows_alone, tables
 from flax_transformer.decoding.strategies import Beam, Greedy, Sample, Strategy
 from flax_transformer.decoding.token_search import token_selector
 
@@ -43,6 +46,8 @@ class _Shape:
     prefix_len: int  # tokens prefilled in one call: the shortest prompt
     pad_id: int
     use_cache: bool
+    rope: str = "plain"  # a longrope LM's plan (decoding.longrope.plan_rows_alone)
+    long_prompts: bool = True  # "switch": a prompt may pass the long table's length
 
 
 @functools.partial(jax.jit, static_argnames=("model", "shape"))
@@ -50,7 +55,13 @@ def _search(
     model, variables, prompts: Prompts, source: Source | None, strategy, eos_id, rng, shape
 ):
     cache_len = prompts.tokens.shape[1] + shape.max_new_tokens - 1  # the last token is not fed
-    stepper = make_stepper(model, variables, source, cache_len, shape.use_cache)
+    if shape.rope == "switch":  # longrope: each row over to the long table as it would alone
+        stepper = stepper_for_rows_alone(
+            model, variables, prompts.lengths, cache_len, shape.use_cache, shape.long_prompts
+        )
+    else:
+        model = tables(model)[1] if shape.rope == "long" else model
+        stepper = make_stepper(model, variables, source, cache_len, shape.use_cache)
     if isinstance(strategy, Beam):
         selector = GNMTBeam(prompts, strategy, eos_id, shape.max_new_tokens, shape.pad_id)
         return run_search(stepper, prompts, selector, prefix_len=shape.prefix_len)
@@ -77,6 +88,10 @@ def search(
     themselves, e.g. under a trace with symbolic shapes (jax.export). prefix_len tokens of
     every prompt are prefilled at once (at most the shortest prompt's length)."""
     shape = _Shape(int(max_new_tokens), int(prefix_len), model.config.pad_id, bool(use_cache))
+    if source is None:  # an LM: Phi-3's longrope table goes over per row (decoding.longrope)
+        cache_len = prompts.tokens.shape[1] + shape.max_new_tokens - 1
+        rope, long_prompts = plan_rows_alone(model.config, prompts.lengths, cache_len)
+        shape = dataclasses.replace(shape, rope=rope, long_prompts=long_prompts)
     eos = eos_array(eos_id, model.config.tgt_vocab_size)
     return _search(model, variables, prompts, source, strategy, eos, rng, shape)
 

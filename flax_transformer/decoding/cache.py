@@ -264,8 +264,8 @@ def uncached_stepper(model, variables, source: Source | None, cache_len: int) ->
         return logits_at(state, m - 1), state
 
     def feed(state, token, pos):
-        buffer = jax.lax.dynamic_update_slice(
-            state.buffer, token[:, None].astype(jnp.int32), (0, pos)
+        buffer = jax.lax.dynamic_update_slice(  # zeros_like: a literal 0 is int64 under x64
+            state.buffer, token[:, None].astype(jnp.int32), (jnp.zeros_like(pos), pos)
         )
         state = state.replace(buffer=buffer)
         return logits_at(state, pos), state

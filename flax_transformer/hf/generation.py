@@ -34,6 +34,7 @@ import numpy as np
 from flax_transformer.decoding.cache import make_stepper
 from flax_transformer.decoding.engine import run_search
 from flax_transformer.decoding.inputs import Source
+from flax_transformer.decoding.longrope import switching_stepper, tables
 from flax_transformer.decoding.rules import ChooseGreedy
 from flax_transformer.decoding.token_search import TokenSelector
 from flax_transformer.hf import longrope_generation
@@ -66,9 +67,7 @@ def _run(
     if search.recompute is None:
         stepper = make_stepper(model, variables, source, cache_len, True)
     else:
-        stepper = longrope_generation.switching_stepper(
-            model, variables, cache_len, long_from, search.recompute
-        )
+        stepper = switching_stepper(model, variables, cache_len, long_from, search.recompute)
     if search.beams > 1:
         selector = HFBeam(
             rows,
@@ -167,7 +166,7 @@ def generate(hf_model, input_ids, attention_mask=None, *, seed=None, rng=None, *
     rows = jax.tree.map(jnp.asarray, rows)
     model, variables = _for_generation(hf_model)
     if rope == "long":  # the prompt passes original_max_position_embeddings already
-        model = longrope_generation.tables(model)[1]
+        model = tables(model)[1]
     seq, lengths = _run(model, variables, rows, source, knobs, rng, search, long_from)
     seq, lengths = np.asarray(seq), np.asarray(lengths)
     if opts.num_beams > 1:
