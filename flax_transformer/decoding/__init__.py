@@ -9,7 +9,8 @@
   `token_search`: the one-token-per-row selector (greedy / sampling); `rules`: how a token is
   chosen (first-maximum argmax, the sampling rule); `beam_gnmt`: beam search with GNMT's length
   penalty; `top_k`: beam search's candidates (lax.top_k's answer, through chunks); `cli`: the
-  generate command. `sampling` and `beam` are deprecated shims.
+  generate command; `longrope`: Phi-3's switch-over to the long rotary table (each row as it
+  would go alone). `sampling` and `beam` are deprecated shims.
 """
 
 from flax_transformer.lazy import lazy_exports
