@@ -217,6 +217,7 @@ def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, 
     """The training command's input for a {"messages"} --train-jsonl (runs/train_chat.py): the
     template's ids, tgt_weights = transformers' assistant mask; a {"text"} file stays a
     token-cache corpus."""
+    from flax_transformer.runs.checks import data_kind
     from flax_transformer.runs.run_dir import read_tokenizer
     from flax_transformer.runs.spec import TrainSpec
     from flax_transformer.runs.train_chat import ChatInput
@@ -226,7 +227,7 @@ def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, 
     chats = write_lines(tmp_path / "chat.jsonl", [json.dumps({"messages": c}) for c in CHATS])
     valid = write_lines(tmp_path / "valid.jsonl", [json.dumps({"messages": VALID_CHAT})])
     spec = TrainSpec(train_jsonl=str(chats), valid_jsonl=str(valid), init_from=str(run))
-    chat_input = corpus_input(spec, corpus_source(spec))
+    chat_input = corpus_input(spec, corpus_source(spec), data_kind(spec))
     assert isinstance(chat_input, ChatInput) and chat_input.kind == "lm"
     chat_input.read(scan=True)
     sets = chat_input.datasets(read_tokenizer(run), 128, "skip", tmp_path, primary=True)
@@ -239,7 +240,7 @@ def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, 
             assert dataset.tgt_weights[i].tolist() == weights
     texts = write_lines(tmp_path / "text.jsonl", [json.dumps({"text": t}) for t in DOCUMENTS])
     spec = TrainSpec(train_jsonl=str(texts), init_from=str(run))
-    assert isinstance(corpus_input(spec, corpus_source(spec)), CorpusInput)
+    assert isinstance(corpus_input(spec, corpus_source(spec), data_kind(spec)), CorpusInput)
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -277,6 +277,25 @@ def test_jsonl_records_and_kinds(tmp_path):
     assert [p.target for p in corpus.read_records(lm, "jsonl")] == ["hello", "world"]
 
 
+def test_jsonl_source_reads_what_the_first_line_holds(tmp_path):
+    """One read of a --train-jsonl's first non-blank line: conversations, an LM or seq2seq;
+    a bad first line and an empty file are named as the readers name them."""
+    files = {
+        "chat": '\n{"messages": [{"role": "user", "content": "hi"}]}\n',
+        "lm": '{"text": "hello"}\n',
+        "seq2seq": '\n\n{"source": "a", "target": "b"}\n',
+    }
+    for wanted, text in files.items():
+        (tmp_path / f"{wanted}.jsonl").write_text(text)
+        assert corpus.jsonl_source(tmp_path / f"{wanted}.jsonl") == wanted
+    (tmp_path / "bad.jsonl").write_text('{"source": "a"}\n')
+    with pytest.raises(DataError, match='line 1: missing "target"'):
+        corpus.jsonl_source(tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="the file is empty"):
+        corpus.jsonl_source(tmp_path / "empty.jsonl")
+
+
 BAD_JSONL = [
     ('{"source": "a", "target": "b"}\n{"source": "a", "target": \n', "line 2: not valid JSON"),
     ('{"source": "a", "target": "b"}\n["a"]\n', "line 2: expected a JSON object, got an array"),

@@ -166,6 +166,27 @@ def jsonl_kind(path) -> str:
     raise DataError(f"JSONL file {path}: the file is empty")
 
 
+CHAT = "chat"  # a JSONL file of {"messages"} conversations (data/chat.py)
+
+
+def jsonl_source(path) -> str:
+    """What a JSONL training file holds, from one read of its first non-blank line: CHAT for a
+    {"messages"} conversation, else the model kind its record trains (LM or SEQ2SEQ; the line
+    checked in full). DataError for an empty file or a bad first line."""
+    for number, raw in enumerate(raw_lines(path, "jsonl"), start=1):
+        line = decode("jsonl", path, number, raw)
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            record = None  # (jsonl_pair names the problem)
+        if isinstance(record, dict) and "messages" in record:
+            return CHAT
+        return LM if not jsonl_pair(path, number, line, None).source else SEQ2SEQ
+    raise DataError(f"JSONL file {path}: the file is empty")
+
+
 def read_records(path, fmt: str, kind: str | None = None) -> list[Pair]:
     """A small corpus (a validation file) in memory: its records, DataError when it has none."""
     if fmt == "jsonl" and kind is None:

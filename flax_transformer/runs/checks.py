@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flax_transformer.data.corpus import CHAT
 from flax_transformer.runs.run_dir import CHECKPOINTS, CHECKPOINTS_BEST, RUN_JSON, read_config
 from flax_transformer.runs.spec import (
     DEFAULT_PRESET,
@@ -19,9 +20,10 @@ from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.spec.presets import PRESETS
 
 
-def check_spec(spec: TrainSpec) -> None:
+def check_spec(spec: TrainSpec) -> str:
     """What no options class can see: flags that go together. Values are checked by the options
-    classes (options_from_spec)."""
+    classes (options_from_spec). Returns the data's kind (data_kind: CHAT, LM or SEQ2SEQ), read
+    once here for the whole run."""
     from flax_transformer.data.pipeline import CLASSIFY
     from flax_transformer.training.options import DataOptions
 
@@ -33,13 +35,15 @@ def check_spec(spec: TrainSpec) -> None:
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
-    check_chat_spec(spec)
-    check_validation_file(spec)
+    kind = data_kind(spec)  # (a bad first line of a --train-jsonl is named as it is)
+    model_kind = LM if kind == CHAT else kind
+    check_chat_spec(spec, kind == CHAT)
+    check_validation_file(spec, model_kind)
     if spec.lm_valid and not spec.lm_text:
         raise UsageError("--lm-valid needs --lm-text")
     if spec.tokenizer == "bpe" and not (spec.train_tsv or spec.lm_text or spec.train_jsonl):
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv, --train-jsonl or --lm-text)")
-    if spec.keep_best == "exact_match" and corpus_kind(spec) == LM:
+    if spec.keep_best == "exact_match" and model_kind == LM:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if spec.init_from:
         model_flags = [f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(spec, d)]
@@ -58,8 +62,9 @@ def check_spec(spec: TrainSpec) -> None:
                 "nothing to start from"
             )
     else:  # the init run's config is checked when it is loaded
-        check_model_flags(spec)
+        check_model_flags(spec, model_kind)
     # (--mesh is checked against the devices when the processes join: runs/train.py)
+    return kind
 
 
 def check_classify_spec(spec: TrainSpec) -> None:
@@ -84,10 +89,10 @@ def check_classify_spec(spec: TrainSpec) -> None:
         raise UsageError(f"--task classify does not take {names}")
 
 
-def check_chat_spec(spec: TrainSpec) -> None:
-    """A --train-jsonl of conversations fine-tunes an --init-from LLM (its tokenizer's chat
-    template renders them; runs/train_chat.py), validated on conversations."""
-    if not (spec.train_jsonl and is_chat_file(spec.train_jsonl)):
+def check_chat_spec(spec: TrainSpec, chat: bool) -> None:
+    """A --train-jsonl of conversations (`chat`) fine-tunes an --init-from LLM (its tokenizer's
+    chat template renders them; runs/train_chat.py), validated on conversations."""
+    if not chat:
         return
     if not spec.init_from:
         raise UsageError(
@@ -100,13 +105,6 @@ def check_chat_spec(spec: TrainSpec) -> None:
             f"--valid-tsv holds translation pairs; --train-jsonl {spec.train_jsonl} holds "
             'conversations: give --valid-jsonl of {"messages"} records'
         )
-
-
-def is_chat_file(path) -> bool:
-    """Whether a JSONL file holds conversations (its first non-blank line has "messages")."""
-    from flax_transformer.data.finetune import jsonl_format
-
-    return jsonl_format(path) == "chat"
 
 
 # The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.
@@ -137,9 +135,10 @@ def has_checkpoint(workdir: Path) -> bool:
     return False
 
 
-def check_model_flags(spec: TrainSpec) -> None:
-    """The model --config and flags give a valid TransformerConfig (checked before any data is
-    read; the vocabulary, which comes from the tokenizer, is a placeholder here)."""
+def check_model_flags(spec: TrainSpec, kind: str) -> None:
+    """The model --config and flags give a valid TransformerConfig for a `kind` model (checked
+    before any data is read; the vocabulary, which comes from the tokenizer, is a placeholder
+    here)."""
     from flax_transformer.data.tokenizer import ByteTokenizer
     from flax_transformer.spec.config import TransformerConfig, check_config_for_kind
 
@@ -147,7 +146,6 @@ def check_model_flags(spec: TrainSpec) -> None:
         values = model_values(spec)
     except ValueError as err:
         raise UsageError(f"--config: {err}") from None
-    kind = corpus_kind(spec)  # (a bad first line of a --train-jsonl is named as it is)
     try:
         config = TransformerConfig.from_dict(
             values | dict.fromkeys(("src_vocab_size", "tgt_vocab_size"), ByteTokenizer.vocab_size)
@@ -199,10 +197,10 @@ def default_workdir(spec: TrainSpec) -> Path:
     return Path("runs") / (spec.task or DataOptions.task)
 
 
-def check_validation_file(spec: TrainSpec) -> None:
+def check_validation_file(spec: TrainSpec, kind: str) -> None:
     """--valid-tsv / --valid-jsonl: one of them, beside --train-tsv or --train-jsonl (either
     format with either: a TSV corpus may be validated on a JSONL file and the other way round);
-    a TSV holds pairs, so not for a --train-jsonl of {"text"} records (an LM)."""
+    a TSV holds pairs, so not for a --train-jsonl of {"text"} records (an LM `kind`)."""
     given = [f for f in ("valid_tsv", "valid_jsonl") if getattr(spec, f, None)]
     if not given:
         return
@@ -211,25 +209,23 @@ def check_validation_file(spec: TrainSpec) -> None:
         raise UsageError(f"choose one validation file, got {names}")
     if not (spec.train_tsv or spec.train_jsonl):
         raise UsageError(f"{names} needs --train-tsv or --train-jsonl")
-    if spec.valid_tsv and corpus_kind(spec) == LM:
+    if spec.valid_tsv and kind == LM:
         raise UsageError(
             f"--valid-tsv holds translation pairs; --train-jsonl {spec.train_jsonl} holds "
             '{"text"} records (a language model): give --valid-jsonl of {"text"} records'
         )
 
 
-def corpus_kind(spec: TrainSpec) -> str:
-    """The model kind the data trains: LM for --lm-text or a --train-jsonl of {"text"} or
-    {"messages"} records (its first line decides; a DataError when it cannot be read), else
-    seq2seq."""
+def data_kind(spec: TrainSpec) -> str:
+    """What the training data is: LM for --lm-text, for a --train-jsonl what its first line
+    says (CHAT for {"messages"}, LM for {"text"}, else SEQ2SEQ: data/corpus.jsonl_source, the
+    one read of the file before the run; a DataError when it cannot be read), else SEQ2SEQ."""
     if spec.lm_text:
         return LM
     if getattr(spec, "train_jsonl", None):
-        from flax_transformer.data.corpus import jsonl_kind
+        from flax_transformer.data.corpus import jsonl_source
 
-        if is_chat_file(spec.train_jsonl):
-            return LM
-        return jsonl_kind(spec.train_jsonl)
+        return jsonl_source(spec.train_jsonl)
     return SEQ2SEQ
 
 

@@ -42,7 +42,7 @@ def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=Non
 
     started = time.perf_counter() if started is None else started
     join_processes(options_from_spec(DistributedOptions, spec), spec)
-    check_spec(spec)
+    kind = check_spec(spec)  # what the data is (CHAT, LM or SEQ2SEQ), read once
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data = options_from_spec(DataOptions, spec, task=spec.task or DataOptions.task)
@@ -52,7 +52,7 @@ def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=Non
             continue
         print(f"warning: {warning.message}", file=sys.stderr)
     with float64_if(wants_float64(spec)):
-        return run(spec, data, options, tuple(hooks), started)
+        return run(spec, kind, data, options, tuple(hooks), started)
 
 
 def load_pairs(spec, data):
@@ -205,23 +205,23 @@ def join_processes(options, spec: TrainSpec) -> None:
         raise UsageError(f"--mesh: {err}") from None
 
 
-def run(spec: TrainSpec, data, options, hooks, started: float) -> dict | None:
-    """Train one run from its checked spec and options: read and check the data, write the run
-    files into the workdir, train, write results.json; the results (None on a process other
-    than 0). UsageError
-    for data that does not fit the flags or the --init-from run, or a workdir in use by another
-    run (process 0 holds the workdir's lock from its first write to the end)."""
+def run(spec: TrainSpec, kind: str, data, options, hooks, started: float) -> dict | None:
+    """Train one run from its checked spec, its data's kind (check_spec) and options: read and
+    check the data, write the run files into the workdir, train, write results.json; the
+    results (None on a process other than 0). UsageError for data that does not fit the flags
+    or the --init-from run, or a workdir in use by another run (process 0 holds the workdir's
+    lock from its first write to the end)."""
     from flax_transformer.training.distributed import is_primary
 
     workdir = default_workdir(spec)
     lock = WorkdirLock(workdir, wanted=is_primary())
     try:
-        return _train(spec, data, options, hooks, started, workdir, lock)
+        return _train(spec, kind, data, options, hooks, started, workdir, lock)
     finally:
         lock.release()
 
 
-def _train(spec, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock):
+def _train(spec, kind, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock):
     from flax_transformer.runs.train_data import corpus_source
 
     source = corpus_source(spec)
@@ -233,7 +233,7 @@ def _train(spec, data, options, hooks, started: float, workdir: Path, lock: Work
     elif source is not None:
         from flax_transformer.runs.train_data import corpus_input
 
-        corpus = corpus_input(spec, source)  # (a chat JSONL's: runs/train_chat.py)
+        corpus = corpus_input(spec, source, kind)  # (a chat JSONL's: runs/train_chat.py)
     try:
         return _train_on(spec, data, options, hooks, started, workdir, lock, corpus)
     finally:

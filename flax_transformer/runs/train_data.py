@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 from flax_transformer.data import corpus, token_cache
-from flax_transformer.data.finetune import jsonl_format
 from flax_transformer.runs.run_dir import TOKENIZER
-from flax_transformer.spec.kinds import LM, SEQ2SEQ
+from flax_transformer.spec.kinds import LM
 
 
 def corpus_source(spec):
@@ -29,15 +28,14 @@ def corpus_source(spec):
     return None
 
 
-def corpus_input(spec, source):
-    """The input of a corpus source: a ChatInput for a --train-jsonl of {"messages"} records,
-    else a CorpusInput of the format's model kind."""
-    fmt, path = source[:2]
-    if fmt == "jsonl" and jsonl_format(path) == "chat":
+def corpus_input(spec, source, kind: str):
+    """The input of a corpus source whose data is `kind` (runs/checks.data_kind): a ChatInput
+    for a --train-jsonl of {"messages"} records (CHAT), else a CorpusInput of that model kind."""
+    if kind == corpus.CHAT:
         from flax_transformer.runs.train_chat import ChatInput
 
         return ChatInput(spec)
-    return CorpusInput(spec, source, kind_of(spec, fmt))
+    return CorpusInput(spec, source, kind)
 
 
 class CorpusInput:
@@ -148,10 +146,3 @@ class CorpusInput:
         if self.staged is not None:
             shutil.rmtree(self.staged, ignore_errors=True)
             self.staged = None
-
-
-def kind_of(spec, fmt: str) -> str:
-    """The model kind of a corpus format (a JSONL file says it in its first line)."""
-    if fmt == "jsonl":
-        return corpus.jsonl_kind(spec.train_jsonl)
-    return LM if fmt == "text" else SEQ2SEQ
