@@ -87,6 +87,31 @@ def test_run_json_has_the_same_keys_whoever_writes_it(tmp_path):
     assert run_dir.read_run_json(tmp_path / run_dir.RUN_JSON) == imported
 
 
+def test_write_run_writes_a_new_runs_files_with_run_json_last(tmp_path):
+    """A new classifier run from an init run: its config and tokenizer, the carried files as
+    they are (its own hf_config.json over the carried one), labels.json, then run.json."""
+    from flax_transformer.data.tokenizer import ByteTokenizer
+    from flax_transformer.spec.config import TransformerConfig
+
+    init = tmp_path / "init"
+    init.mkdir()
+    (init / run_dir.HF_CONFIG).write_text('{"carried": 1}')
+    (init / run_dir.HF_GENERATION_CONFIG).write_text('{"max_length": 7}')
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    carried = (run_dir.HF_CONFIG, run_dir.HF_GENERATION_CONFIG)
+    config = TransformerConfig.from_dict(PRESETS["tiny"])
+    new = run_dir.NewRun(config, ByteTokenizer(), init, carried, ("neg", "pos"), {"own": 2})
+    info = run_dir.write_run(workdir, new, model="encoder", tokenizer="byte", spec={})
+    assert run_dir.read_run_json(workdir) == info and info["carry"] == list(carried)
+    assert json.loads((workdir / run_dir.HF_CONFIG).read_text()) == {"own": 2}
+    assert (workdir / run_dir.HF_GENERATION_CONFIG).read_text() == '{"max_length": 7}'
+    assert run_dir.read_labels(workdir) == ("neg", "pos")
+    assert run_dir.read_config(workdir) == config
+    last = (workdir / run_dir.RUN_JSON).stat().st_mtime_ns
+    assert all(path.stat().st_mtime_ns <= last for path in workdir.iterdir())
+
+
 def test_a_cut_record_reads_as_none(tmp_path):
     (tmp_path / run_dir.RUN_JSON).write_text('{"model": "seq2')
     (tmp_path / run_dir.RESULTS).write_text("[1, 2]")

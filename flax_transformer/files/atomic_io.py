@@ -22,7 +22,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from flax_transformer.files.space import out_of_space_errno
@@ -183,3 +183,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
     """Write `text` to `path` atomically, encoded with `encoding` (default UTF-8)."""
     atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_files(directory: str | Path, files: Mapping[str, bytes]) -> None:
+    """Write each of `files` (a name in `directory` -> its bytes) atomically, in their order: a
+    record of several files whose last one (e.g. a run.json) says the others are there."""
+    for name, data in files.items():
+        atomic_write_bytes(Path(directory) / name, data)

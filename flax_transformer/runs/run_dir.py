@@ -17,7 +17,7 @@ run.json (RUN_JSON)             write_run_json (train, hf import) -> read_run_js
                                 --run-config, --init-from, load_run; JSON (model kind,
                                 tokenizer kind, the run's spec, example counts, carry,
                                 imported_from; "schema": RUN_JSON_SCHEMA)
-hf_config.json,                 write_carry_json (hf import), carry_files (--init-from) ->
+hf_config.json,                 write_carry_json (hf import), write_run (--init-from) ->
 hf_generation_config.json       hf export; Hugging Face JSON
 checkpoints/                    the loop's Checkpointer, hf import -> load_run, --resume; Orbax
 checkpoints_best/               the loop (--keep-best) -> load_run(checkpoint="best"); Orbax
@@ -55,7 +55,11 @@ from pathlib import Path
 from typing import Any
 
 from flax_transformer.data.token_cache import TOKEN_CACHE  # its own module names its folder
-from flax_transformer.files.atomic_io import atomic_write_bytes, atomic_write_text
+from flax_transformer.files.atomic_io import (
+    atomic_write_bytes,
+    atomic_write_files,
+    atomic_write_text,
+)
 
 # The files the training loop writes (and config.json, which its error lines name) are named
 # beside the loop, in training/run_files.py; they are part of this layout and of this module.
@@ -116,7 +120,7 @@ LAYOUT = (
     Entry(RUN_JSON, "write_run_json (train, hf import)",
           "read_run_json: --resume, --run-config, --init-from, load_run",
           "JSON: schema, model kind, tokenizer kind, spec, carry"),
-    Entry(HF_CONFIG, "write_carry_json (hf import), carry_files (--init-from)", "hf export",
+    Entry(HF_CONFIG, "write_carry_json (hf import), write_run (--init-from)", "hf export",
           "Hugging Face config JSON", "hf import"),
     Entry(HF_GENERATION_CONFIG, "as hf_config.json", "hf export",
           "Hugging Face generation config JSON", "hf import"),
@@ -219,7 +223,12 @@ def read_tokenizer(workdir: Path):
 
 def write_labels(workdir: Path, names) -> None:
     """labels.json: a classifier's label names, class 0 first (--task classify)."""
-    atomic_write_text(Path(workdir) / LABELS, json.dumps(list(names), indent=2) + "\n")
+    atomic_write_bytes(Path(workdir) / LABELS, json_bytes(list(names)))
+
+
+def json_bytes(data) -> bytes:
+    """A run file's JSON (labels.json, run.json, a carried config): indented, one last newline."""
+    return (json.dumps(data, indent=2) + "\n").encode("utf-8")
 
 
 def read_labels(workdir: Path) -> tuple[str, ...] | None:
@@ -242,8 +251,20 @@ def read_labels(workdir: Path) -> tuple[str, ...] | None:
 
 
 # ----------------------------------------------------------------------------- run.json
-def write_run_json(
-    workdir: Path,
+def write_run_json(workdir: Path, **run_json) -> dict[str, Any]:
+    """run.json (schema RUN_JSON_SCHEMA): the model kind, the tokenizer kind, the run's spec
+    (runs/spec.py's record of it: what --resume and --run-config read back; {} for an
+    import), the example counts, the carried files (`carry`: copied into a run
+    started from this one with --init-from), for an import, where it came from, and `resumed`:
+    one record per --resume that changed a setting ({"changed": {field: [before, after]}};
+    `spec` holds the values now in force). The same keys whoever writes it; returns what was
+    written."""
+    info = run_json_record(**run_json)
+    atomic_write_bytes(Path(workdir) / RUN_JSON, json_bytes(info))
+    return info
+
+
+def run_json_record(
     *,
     model: str,
     tokenizer: str,
@@ -254,14 +275,8 @@ def write_run_json(
     imported_from: str | None = None,
     resumed: list[dict] | tuple[dict, ...] = (),
 ) -> dict[str, Any]:
-    """run.json (schema RUN_JSON_SCHEMA): the model kind, the tokenizer kind, the run's spec
-    (runs/spec.py's record of it: what --resume and --run-config read back; {} for an
-    import), the example counts, the carried files (`carry`: copied into a run
-    started from this one with --init-from), for an import, where it came from, and `resumed`:
-    one record per --resume that changed a setting ({"changed": {field: [before, after]}};
-    `spec` holds the values now in force). The same keys whoever writes it; returns what was
-    written."""
-    info = {
+    """What run.json holds (write_run_json)."""
+    return {
         "schema": RUN_JSON_SCHEMA,
         "model": model,
         "tokenizer": tokenizer,
@@ -272,8 +287,6 @@ def write_run_json(
         "imported_from": imported_from,
         "resumed": list(resumed),
     }
-    atomic_write_text(Path(workdir) / RUN_JSON, json.dumps(info, indent=2) + "\n")
-    return info
 
 
 def read_run_json(path: Path) -> dict | None:
@@ -295,7 +308,7 @@ def write_carry_json(workdir: Path, name: str, data: dict) -> None:
     """A carried JSON file (hf_config.json, hf_generation_config.json) of an import."""
     if name not in (HF_CONFIG, HF_GENERATION_CONFIG):
         raise ValueError(f"{name!r} is not a carried file of a run directory")
-    atomic_write_text(Path(workdir) / name, json.dumps(data, indent=2) + "\n")
+    atomic_write_bytes(Path(workdir) / name, json_bytes(data))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,18 +327,22 @@ class NewRun:
 
 def write_run(workdir: Path, new: NewRun | None, **run_json) -> dict[str, Any]:
     """A run's record in one go: `new`'s files (a run that starts now; None on --resume), then
-    run.json (write_run_json's keywords; a new run's `carry` is what it copied). Returns what
-    run.json holds."""
+    run.json (write_run_json's keywords; a new run's `carry` is what it copied). The files are
+    made here and written by one call, in order, run.json last. Returns what run.json holds."""
+    files: dict[str, bytes] = {}
     if new is not None:
         write_config(workdir, new.config)
         write_tokenizer(workdir, new.tokenizer)
-        if new.init_from is not None:
-            run_json["carry"] = carry_files(new.init_from, list(new.carry), workdir)
+        if new.init_from is not None:  # the init run's carried files, copied as they are
+            files |= {name: (Path(new.init_from) / name).read_bytes() for name in new.carry}
+            run_json["carry"] = list(new.carry)
         if new.labels is not None:
-            write_labels(workdir, new.labels)
-        if new.hf_config is not None:
-            write_carry_json(workdir, HF_CONFIG, new.hf_config)
-    return write_run_json(workdir, **run_json)
+            files[LABELS] = json_bytes(list(new.labels))
+        if new.hf_config is not None:  # (a classifier's, over the carried one)
+            files[HF_CONFIG] = json_bytes(new.hf_config)
+    info = run_json_record(**run_json)
+    atomic_write_files(workdir, files | {RUN_JSON: json_bytes(info)})
+    return info
 
 
 # ----------------------------------------------------------------------------- results.json

@@ -323,6 +323,7 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
             + f": recorded in {workdir / run_dir.RUN_JSON}"
         )
     if is_primary() and (not spec.resume or saved is None or changed):
+        record = spec_record(spec)
         new = None
         if not spec.resume:  # (a classifier: labels.json, and its hf_config.json with them)
             new = run_dir.NewRun(
@@ -331,7 +332,7 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
                 corpus.hf_config if classify else None,
             )  # fmt: skip
         run_dir.write_run(
-            workdir, new, model=kind, tokenizer=tokenizer.kind, spec=spec_record(spec),
+            workdir, new, model=kind, tokenizer=tokenizer.kind, spec=record,
             train_examples=len(train_set), valid_examples=len(valid_set), carry=carried,
             imported_from=saved.get("imported_from") if saved else None, resumed=resumed,
         )  # fmt: skip
