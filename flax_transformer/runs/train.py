@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from flax_transformer.data import pipeline as data_checks
+from flax_transformer.data.corpus import CHAT
 from flax_transformer.runs import run_dir
 from flax_transformer.runs.checks import (
     bleu_tokenizer,
@@ -24,6 +25,7 @@ from flax_transformer.runs.checks import (
 from flax_transformer.runs.resume import changed_settings
 from flax_transformer.runs.run_dir import read_run_json
 from flax_transformer.runs.spec import TrainSpec, UsageError, spec_record, spec_values
+from flax_transformer.runs.train_data import corpus_input, corpus_source
 from flax_transformer.runs.workdir import WorkdirLock, has_run, make_workdir, prepare_workdir
 
 
@@ -222,38 +224,58 @@ def run(spec: TrainSpec, kind: str, data, options, hooks, started: float) -> dic
 
 
 def _train(spec, kind, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock):
-    from flax_transformer.runs.train_data import corpus_source
-
-    source = corpus_source(spec)
-    corpus = None
-    if spec.task == "classify":  # --train-tsv of labelled texts (runs/train_classify.py)
-        from flax_transformer.runs.train_classify import ClassifyInput
-
-        corpus = ClassifyInput(spec, workdir)
-    elif source is not None:
-        from flax_transformer.runs.train_data import corpus_input
-
-        corpus = corpus_input(spec, source, kind)  # (a chat JSONL's: runs/train_chat.py)
-    try:
-        return _train_on(spec, data, options, hooks, started, workdir, lock, corpus)
-    finally:
-        if corpus is not None:
-            corpus.discard()  # a cache built but never installed (the run stopped before)
-
-
-def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
-    """_train with the corpus input (None: a built-in task, in memory)."""
-    from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
-    from flax_transformer.runs.load import init_params_from
-    from flax_transformer.spec.kinds import LM, OLD_NAMES
-    from flax_transformer.training.distributed import barrier, is_primary
-    from flax_transformer.training.loop import Job, run_training
+    """`run` once the workdir is chosen: first the run directories (this one's state, the
+    --init-from run's kind and files), then the data (kind: check_spec's data_kind)."""
+    from flax_transformer.spec.kinds import ENCODER, LM, OLD_NAMES
+    from flax_transformer.training.distributed import barrier
 
     restart = prepare_workdir(workdir, spec.resume)
     saved = read_run_json(workdir) if spec.resume else None
     # Settings that differ from the run's: refused by name, or (the compatible ones) recorded.
     changed = changed_settings(spec, spec_values(saved)) if saved else {}
     barrier("workdir checked")  # by every process, before process 0 writes into it
+    classify = spec.task == "classify"
+    model_kind = ENCODER if classify else LM if kind == CHAT else kind
+    # The init run's run.json, read once: its model kind and the files it carries.
+    init_run = (read_run_json(Path(spec.init_from)) or {}) if spec.init_from else {}
+    if spec.init_from and not spec.resume:
+        init_kind = init_run.get("model")
+        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
+        if init_kind not in (None, model_kind):
+            held = f"{'an' if init_kind[0] in 'aeiou' else 'a'} {init_kind} model"
+            wanted = (
+                "a decoder-only language model" if model_kind == LM else f"a {model_kind} model"
+            )
+            raise UsageError(
+                f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
+                "trains one"
+            )
+    run = (restart, saved, changed, init_run)
+    source = corpus_source(spec)
+    corpus = None
+    if classify:  # --train-tsv of labelled texts (runs/train_classify.py)
+        from flax_transformer.runs.train_classify import ClassifyInput
+
+        corpus = ClassifyInput(spec, workdir)
+    elif source is not None:
+        corpus = corpus_input(spec, source, kind)  # (a chat JSONL's: runs/train_chat.py)
+    try:
+        return _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus)
+    finally:
+        if corpus is not None:
+            corpus.discard()  # a cache built but never installed (the run stopped before)
+
+
+def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
+    """_train with the run directories read (`run`: restart, saved run.json, changed settings,
+    the init run's run.json) and the corpus input (None: a built-in task, in memory)."""
+    from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.runs.load import init_params_from
+    from flax_transformer.spec.kinds import LM
+    from flax_transformer.training.distributed import barrier, is_primary
+    from flax_transformer.training.loop import Job, run_training
+
+    restart, saved, changed, init_run = run
     # Read and check all input before writing anything into the workdir.
     if corpus is None:
         kind, train_pairs, valid_pairs = load_pairs(spec, data)
@@ -261,18 +283,6 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, corpus):
     else:  # a corpus file: a streaming pass (none on --resume or on processes other than 0)
         kind = corpus.kind
         corpus.read(scan=not spec.resume and is_primary())
-    # The init run's run.json, read once: its model kind and the files it carries.
-    init_run = (read_run_json(Path(spec.init_from)) or {}) if spec.init_from else {}
-    if spec.init_from and not spec.resume:
-        init_kind = init_run.get("model")
-        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
-        if init_kind not in (None, kind):
-            held = f"{'an' if init_kind[0] in 'aeiou' else 'a'} {init_kind} model"
-            wanted = "a decoder-only language model" if kind == LM else f"a {kind} model"
-            raise UsageError(
-                f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
-                "trains one"
-            )
     if not (spec.resume or is_primary()):
         barrier("run files written")  # the other processes use process 0's tokenizer
     tokenizer = make_tokenizer(spec, data, workdir, corpus.bpe_texts if corpus else None)
