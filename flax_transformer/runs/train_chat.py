@@ -31,12 +31,16 @@ class ChatInput:
 
     def __init__(self, spec):
         self.spec = spec
-        self.train_chats = read_chat_jsonl(spec.train_jsonl)
-        self.valid_chats = read_chat_jsonl(spec.valid_jsonl) if spec.valid_jsonl else None
+        self.train_chats: list = []
+        self.valid_chats: list | None = None
 
     def read(self, scan: bool) -> None:
-        """Hold out a seeded share for validation when no --valid-jsonl is given (the same
-        records on --resume: the same seed)."""
+        """Read the conversations (into memory; read, like every input, here and not when the
+        input is made); hold out a seeded share for validation when no --valid-jsonl is given
+        (the same records on --resume: the same seed)."""
+        spec = self.spec
+        self.train_chats = read_chat_jsonl(spec.train_jsonl)
+        self.valid_chats = read_chat_jsonl(spec.valid_jsonl) if spec.valid_jsonl else None
         if self.valid_chats is not None:
             return
         if len(self.train_chats) < 2:

@@ -28,17 +28,21 @@ class ClassifyInput:
 
     def __init__(self, spec, workdir: Path):
         self.spec, self.workdir = spec, Path(workdir)
-        self.train_pairs = classification.read_labelled_tsv(spec.train_tsv)
-        classification.check_two_labels(self.train_pairs, spec.train_tsv)
-        self.valid_pairs = None
-        if spec.valid_tsv:
-            self.valid_pairs = classification.read_labelled_tsv(spec.valid_tsv)
+        self.train_pairs: list = []
+        self.valid_pairs: list | None = None
         self.labels: classification.LabelChoice | None = None
         self.hf_config: dict | None = None
 
     def read(self, scan: bool) -> None:
-        """Hold out a validation slice (without --valid-tsv), settle the label set: the run's
-        own on --resume, else from the training labels and the --init-from model's."""
+        """Read the labelled files (into memory; read, like every input, here and not when the
+        input is made), hold out a validation slice (without --valid-tsv), settle the label
+        set: the run's own on --resume, else from the training labels and the --init-from
+        model's."""
+        spec = self.spec
+        self.train_pairs = classification.read_labelled_tsv(spec.train_tsv)
+        classification.check_two_labels(self.train_pairs, spec.train_tsv)
+        if spec.valid_tsv:
+            self.valid_pairs = classification.read_labelled_tsv(spec.valid_tsv)
         if self.valid_pairs is None:
             if len(self.train_pairs) < 2:
                 raise UsageError(
