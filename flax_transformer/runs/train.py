@@ -97,10 +97,10 @@ def make_tokenizer(spec, data, workdir: Path, texts):
     from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
     from flax_transformer.training.distributed import is_primary
 
-    if spec.resume or not is_primary():
-        return run_dir.read_tokenizer(workdir)
-    if spec.init_from:  # the init run's tokenizer, whatever its kind
-        return run_dir.read_tokenizer(Path(spec.init_from))
+    # The run's own (--resume; process 0's, for the others), else the init run's, whatever its kind.
+    saved_in = workdir if spec.resume or not is_primary() else spec.init_from
+    if saved_in:
+        return run_dir.read_tokenizer(Path(saved_in))
     if data.tokenizer == "bpe":
         return BPETokenizer.train(texts(), vocab_size=data.bpe_vocab_size)
     return ByteTokenizer()
