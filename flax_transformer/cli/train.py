@@ -91,10 +91,8 @@ def _main(argv, hooks, started: float) -> int:
         # --json alone: stdout holds the JSON only; the progress lines go to stderr.
         with contextlib.redirect_stdout(sys.stderr) if json_out == "-" else nullcontext():
             results = train(spec, hooks, warmup_warning=warmup_warning, started=started)
-        if results is not None:  # process 0 of the run
-            if json_out != "-":
-                print_summary(results)
-            emit(results, (), json_out)
+        if results is not None:  # process 0 of the run (with --json -, the JSON alone)
+            emit(results, summary_lines(results), json_out)
         return 0
     except (ValueError, *MISSING_INPUT) as err:
         # Bad input: flags, data files, configs, a run directory (the project raises a
@@ -141,11 +139,12 @@ def warmup_chosen(argv, spec) -> bool:
     return not spec.resume and (on_line or from_file)
 
 
-def print_summary(results: dict) -> None:
-    """Print the end of a run for a person: steps and speed (or why it stopped early or trained
+def summary_lines(results: dict) -> list[str]:
+    """The end of a run for a person: steps and speed (or why it stopped early or trained
     nothing), the validation metrics, example decodes and where the results and weights are."""
     from flax_transformer.training.evaluation import scores_text
 
+    lines = []
     early = ""
     if results.get("stop_reason") == "early_stop":
         best = results["best"]
@@ -157,7 +156,7 @@ def print_summary(results: dict) -> None:
     elif results.get("stopped_early"):
         early = " (stopped early by a step hook)"
     if results.get("steps_trained") == 0:  # a --resume of a run that had reached --steps
-        print(
+        lines.append(
             f"\nnothing to train: the run was already at step {results['steps']} (--steps "
             f"{results['steps']}; pass a larger --steps to train on); evaluated again"
         )
@@ -165,31 +164,32 @@ def print_summary(results: dict) -> None:
         unit = "examples/s" if "macro_f1" in results else "target tokens/s"  # (a classifier's)
         # Speed counts the training steps only; the wall time adds reading and tokenizing
         # the data, evaluations, checkpoints and the final decode.
-        print(
+        lines.append(
             f"\ntrained {results['steps']} steps{early} in {results['train_time_s']:.0f} s of "
             f"training ({results['tokens_per_sec']:.0f} {unit}; "
             f"{results['wall_time_s']:.0f} s in all)"
         )
-    print(scores_text(results, results.get("label_smoothing", 0.0)))
+    lines.append(scores_text(results, results.get("label_smoothing", 0.0)))
     if results.get("bleu_note"):
-        print(f"note: {results['bleu_note']}")
+        lines.append(f"note: {results['bleu_note']}")
     for name, label in results.get("per_label", {}).items():
-        print(
+        lines.append(
             f"  {name}: precision {label['precision']:.3f}, recall {label['recall']:.3f}, "
             f"F1 {label['f1']:.3f} ({label['support']} examples)"
         )
     for example in results.get("examples", []):
         mark = "ok " if example["hypothesis"] == example["reference"] else "BAD"
-        print(
+        lines.append(
             f"  [{mark}] {example['source']!r} -> {example['hypothesis']!r} "
             f"(reference {example['reference']!r})"
         )
     for name, path in results.get("pictures", {}).items():
-        print(f"{name}: {path}")
-    print(
+        lines.append(f"{name}: {path}")
+    lines.append(
         f"results: {Path(results['workdir']) / run_dir.RESULTS}; weights: "
         f"{results['weights']['torch']} (torch), {results['weights']['flax']} (flax)"
     )
+    return lines
 
 
 if __name__ == "__main__":
