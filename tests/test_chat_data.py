@@ -263,3 +263,20 @@ def test_a_chat_file_through_the_one_call(tmp_path, tokenizers):
     bare = HFTokenizer(ours._tok, pad_id=0, bos_id=0, eos_id=0, vocab_size=hf_chat.VOCAB)
     with pytest.raises(DataError, match=f"^{path}:1: the run's tokenizer .* has no chat template"):
         read_finetune_dataset(path, bare, max_len=200)
+
+
+def test_training_inputs_read_their_files_in_read_not_when_made(tmp_path):
+    """runs/: a chat or classifier input is made without touching a file (the run directories
+    are read first); read() reads the files and names a missing one."""
+    from flax_transformer.runs.spec import TrainSpec
+    from flax_transformer.runs.train_chat import ChatInput
+    from flax_transformer.runs.train_classify import ClassifyInput
+
+    missing = str(tmp_path / "missing.jsonl")
+    chat = ChatInput(TrainSpec(train_jsonl=missing, init_from=str(tmp_path)))
+    classify = ClassifyInput(
+        TrainSpec(task="classify", train_tsv=missing, init_from=str(tmp_path)), tmp_path
+    )
+    for made in (chat, classify):
+        with pytest.raises((DataError, FileNotFoundError), match="missing.jsonl"):
+            made.read(scan=True)
