@@ -92,6 +92,7 @@ class SwitchState:
     long_from: jax.Array  # (R,)
 
     def for_beams(self, beams: int) -> SwitchState:
+        """Each row repeated for its `beams` beams (rows (R,) -> (R * beams,))."""
         tile = lambda x: jnp.repeat(x, beams, axis=0)  # noqa: E731
         return SwitchState(self.inner.for_beams(beams), tile(self.buffer), tile(self.long_from))
 
@@ -103,6 +104,7 @@ class SwitchState:
         return self.replace(inner=self.inner.reordered(beam_index), buffer=buffer)
 
     def grown(self, length: int) -> SwitchState:
+        """The cache grown to `length` positions; the token buffer keeps its size."""
         return self.replace(inner=self.inner.grown(length))
 
 
