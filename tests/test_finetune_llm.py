@@ -244,6 +244,30 @@ def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, 
 
 
 # ------------------------------------------------------------------------------ bad input
+@pytest.mark.slow  # a fine-tune and an export (~20 s of compiling)
+def test_max_len_with_init_from_is_the_training_length(imported, tmp_path, capsys):
+    """An import's max_len is its max_position_embeddings (32768 for Qwen2.5): --max-len with
+    --init-from sets the longest training row (packing, buckets, the --batch-tokens budget)
+    and leaves the model's config, and so the export, as they were."""
+    run, tokenizer = imported["llama"]
+    text = write_lines(tmp_path / "train.txt", DOCUMENTS)
+    workdir, out = tmp_path / "tuned", tmp_path / "exported"
+    flags = [f for f in TRAIN_FLAGS if f not in ("--pack", "--batch-size", "4")]
+    argv = ["--init-from", run, "--lm-text", text, "--max-len", "16", "--batch-tokens", "64"]
+    capsys.readouterr()
+    assert train_cli.main([*map(str, argv), "--workdir", str(workdir), *flags]) == 0
+    # 64 tokens hold rows of 16, not one of the model's 128 (refused: too small a budget).
+    assert (
+        "--batch-tokens 64: 2 batch shapes (rows x length) 8x8, 4x16\n" in capsys.readouterr().out
+    )
+    assert hf_main(["export", str(workdir), str(out)]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert json.loads((workdir / "config.json").read_text())["max_len"] == 128
+    assert exported.config.max_position_embeddings == SIZES["max_position_embeddings"]
+    ids = tokenizer("The capital of France is Paris.")["input_ids"]
+    check_export_logits(workdir, exported, ids, "fine-tuned on 16-token rows")
+
+
 def train_error(argv, capsys) -> str:
     """The training command's one-line error (exit 2), nothing written."""
     capsys.readouterr()  # (what came before: a fixture's progress bars)
@@ -289,6 +313,11 @@ def test_text_data_errors(imported, tmp_path, capsys):
     empty = write_lines(tmp_path / "empty.txt", ["", "  "])
     err = train_error(["--init-from", run, "--lm-text", empty, "--workdir", workdir], capsys)
     assert f"text file {empty}: " in err
+    # --max-len with --init-from is the training length: at most the model's own.
+    text = write_lines(tmp_path / "train.txt", DOCUMENTS)
+    argv = ["--init-from", run, "--lm-text", text, "--max-len", "129", "--workdir", workdir]
+    err = train_error(argv, capsys)
+    assert f"--max-len 129: the --init-from model {run} holds sequences of at most 128" in err
     # A run that is not a decoder-only language model: an imported BERT encoder.
     encoder_dir, encoder_run = tmp_path / "bert", tmp_path / "bert_run"
     config = hf_models.encoder_only_config("bert")

@@ -46,7 +46,10 @@ def check_spec(spec: TrainSpec) -> str:
     if spec.keep_best == "exact_match" and model_kind == LM:
         raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if spec.init_from:
-        model_flags = [f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(spec, d)]
+        # --max-len stays: the longest training sequence (check_train_len), not the model's.
+        model_flags = [
+            f"--{d.replace('_', '-')}" for d in MODEL_FLAGS if getattr(spec, d) and d != "max_len"
+        ]
         model_flags += ["--preset"] if spec.preset else []
         if spec.config or model_flags:
             given = ", ".join((["--config"] if spec.config else []) + model_flags)
@@ -272,6 +275,8 @@ def model_values(spec: TrainSpec, say=None) -> dict:
     if spec.init_from:  # the init run's config as it is (check_spec refused model flags)
         values = read_config(Path(spec.init_from)).to_dict()
     for dest, (fields, _) in MODEL_FLAGS.items():
+        if dest == "max_len" and spec.init_from:
+            continue  # the training length (train_len), not the init model's max_len
         if getattr(spec, dest) is not None:
             values.update(dict.fromkeys(fields, getattr(spec, dest)))
     if getattr(spec, "dtype", None):
@@ -288,3 +293,18 @@ def wants_float64(spec: TrainSpec) -> bool:
         return model_values(spec).get("dtype") == "float64"
     except (ValueError, OSError):
         return False  # the checks that follow name the problem
+
+
+def train_len(spec: TrainSpec, config) -> int | None:
+    """The longest training sequence when it is not the model's max_len: an --init-from run's
+    --max-len (an imported LLM's max_len is its max_position_embeddings, 32768 for Qwen2.5:
+    packed rows that long are out of reach). The model keeps its own positions and config;
+    a UsageError when it asks for more than the model has."""
+    if not (spec.init_from and spec.max_len):
+        return None
+    if spec.max_len > config.max_len:
+        raise UsageError(
+            f"--max-len {spec.max_len}: the --init-from model {spec.init_from} holds sequences "
+            f"of at most {config.max_len} tokens"
+        )
+    return spec.max_len

@@ -38,7 +38,11 @@ MODEL_FLAGS = {
     "num_heads": (("num_heads",), "attention heads"),
     "num_layers": (("num_encoder_layers", "num_decoder_layers"), "encoder and decoder layers"),
     "d_ff": (("d_ff",), "feed-forward width"),
-    "max_len": (("max_len",), "longest sequence in tokens"),
+    "max_len": (
+        ("max_len",),
+        "longest sequence in tokens (with --init-from: the longest training sequence; the "
+        "model keeps its own)",
+    ),
     "dropout": (("dropout_rate",), "dropout rate"),
 }
 # Model overrides whose rule is stricter than their config field's: a config allows 0 layers

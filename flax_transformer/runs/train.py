@@ -20,6 +20,7 @@ from flax_transformer.runs.checks import (
     default_workdir,
     model_values,
     options_from_spec,
+    train_len,
     wants_float64,
 )
 from flax_transformer.runs.resume import changed_settings
@@ -137,8 +138,8 @@ def make_config(spec, tokenizer, workdir: Path, changes=None):
     return config
 
 
-def check_token_budget(options, config) -> None:
-    """--batch-tokens must hold a batch of the longest bucket (--max-len), in rows that split
+def check_token_budget(options, config, max_len: int) -> None:
+    """--batch-tokens must hold a batch of the longest bucket (max_len), in rows that split
     into the micro-batches and data-parallel devices: a BatchTokensError (exit 2) before
     anything is written."""
     if options.batch_tokens is None:
@@ -153,7 +154,7 @@ def check_token_budget(options, config) -> None:
 
     data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
     shapes = batch_shapes(
-        options.batch_tokens, bucket_boundaries(config.max_len), options.grad_accum * data
+        options.batch_tokens, bucket_boundaries(max_len), options.grad_accum * data
     )
     # A micro-batch (--grad-accum) is what one step holds at a time.
     micro = [(rows // options.grad_accum, length) for rows, length in shapes]
@@ -288,19 +289,21 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
     tokenizer = make_tokenizer(spec, data, workdir, corpus.bpe_texts if corpus else None)
     classify = spec.task == "classify"
     config = make_config(spec, tokenizer, workdir, corpus.config_changes() if classify else None)
-    check_token_budget(options, config)
+    seq_len = train_len(spec, config)
+    max_len = seq_len or config.max_len  # the longest training sequence
+    check_token_budget(options, config, max_len)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if corpus is not None:
             train_set, valid_set = corpus.datasets(
-                tokenizer, config.max_len, data.on_long, workdir, is_primary()
+                tokenizer, max_len, data.on_long, workdir, is_primary()
             )
         elif kind == LM:
-            train_set = encode_documents(train_pairs, tokenizer, config.max_len)
-            valid_set = encode_documents(valid_pairs, tokenizer, config.max_len)
+            train_set = encode_documents(train_pairs, tokenizer, max_len)
+            valid_set = encode_documents(valid_pairs, tokenizer, max_len)
         else:
-            train_set = encode_pairs(train_pairs, tokenizer, config.max_len, data.on_long)
-            valid_set = encode_pairs(valid_pairs, tokenizer, config.max_len, data.on_long)
+            train_set = encode_pairs(train_pairs, tokenizer, max_len, data.on_long)
+            valid_set = encode_pairs(valid_pairs, tokenizer, max_len, data.on_long)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     for dataset in (train_set, valid_set):
@@ -363,7 +366,7 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
         init_params = init_params_from(spec.init_from, config, kind, fresh, options.seed)
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
               resume=resume, restarted=restart, labels=labels,
-              init_params=init_params)  # fmt: skip
+              init_params=init_params, seq_len=seq_len)  # fmt: skip
     results = run_training(job, hooks)
     if not is_primary():
         return None  # process 0 writes the results

@@ -86,6 +86,14 @@ class Job:
     # --init-from: the parameters (inner tree) a new run starts from, loaded by the caller
     # (runs/load.py's init_params_from); None: a fresh initialisation. Unused on a resume.
     init_params: Any = None
+    # The longest training sequence in tokens (None: config.max_len): an --init-from run's
+    # --max-len trains on shorter rows while the model keeps its own positions.
+    seq_len: int | None = None
+
+    @property
+    def train_len(self) -> int:
+        """The longest training sequence: seq_len, else the model's max_len."""
+        return self.seq_len or self.config.max_len
 
 
 # ----------------------------------------------------------------------------- metrics file
@@ -173,7 +181,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     local_rows = None
     if multi_process and opt.batch_tokens is not None:
         local_rows = functools.partial(local_batch_rows, mesh)
-    loader = BatchLoader(job.train_set, opt.batch_size, cfg.max_len, opt.seed, pad, rows,
+    loader = BatchLoader(job.train_set, opt.batch_size, job.train_len, opt.seed, pad, rows,
                          batch_tokens=opt.batch_tokens, multiple=multiple, pack=opt.pack,
                          local_rows=local_rows)  # fmt: skip
     metrics_path = run_files.metrics_path(workdir)
@@ -217,7 +225,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     if opt.mesh:
         # One code path: the mesh decides how the state and the batch are laid out.
         # Each micro-batch is split over `data` (steps.split_micro_batches keeps rows in place).
-        check_config_fits(cfg, mesh, smallest_batch(opt, cfg, multiple) // opt.grad_accum)
+        check_config_fits(cfg, mesh, smallest_batch(opt, job.train_len, multiple) // opt.grad_accum)
         if multi_process:  # the same host values in every process, placed on the global mesh
             state = jax.device_get(state)  # (a process cannot send its device arrays to others)
         state, train_step = shard_training(mesh, state, step_fn, model=model)
@@ -225,7 +233,7 @@ def run_training(job: Job, hooks: Sequence[StepHook] = ()) -> dict[str, Any]:
     else:
         train_step = jax.jit(step_fn, donate_argnums=0)
     eval_step = jax.jit(make_eval_step(model, opt.label_smoothing))
-    valid_batches = eval_batches(job.valid_set, opt.batch_size, cfg.max_len, pad)
+    valid_batches = eval_batches(job.valid_set, opt.batch_size, job.train_len, pad)
 
     def ask(event: str, step: int, metrics, state) -> bool:
         """True if a hook asked to stop."""
@@ -404,12 +412,12 @@ def token_batch_multiple(opt: TrainOptions, mesh) -> int:
     return opt.grad_accum * data
 
 
-def smallest_batch(opt: TrainOptions, cfg: TransformerConfig, multiple: int) -> int:
+def smallest_batch(opt: TrainOptions, max_len: int, multiple: int) -> int:
     """The fewest rows a training batch has: --batch-size, or with --batch-tokens the rows of
-    the longest bucket."""
+    the longest bucket (rows up to max_len tokens)."""
     if opt.batch_tokens is None:
         return opt.batch_size
-    shapes = batch_shapes(opt.batch_tokens, bucket_boundaries(cfg.max_len), multiple)
+    shapes = batch_shapes(opt.batch_tokens, bucket_boundaries(max_len), multiple)
     return min(rows for rows, _ in shapes)
 
 
