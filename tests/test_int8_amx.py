@@ -17,6 +17,8 @@ from flax_transformer.nn.int8_products import quantize_for_products
 
 SWITCH = KERNELS.int8.variable
 WHY_NOT = KERNELS.int8.reason_unavailable() if KERNELS.int8.value() != "xla" else "switch: xla"
+if WHY_NOT is None and KERNELS.int8.choose().build != "amx":
+    WHY_NOT = f"the {KERNELS.int8.choose().build} build runs here (tests/test_int8_avx2.py)"
 needs_amx = pytest.mark.skipif(WHY_NOT is not None, reason=f"AMX kernel unavailable: {WHY_NOT}")
 
 
@@ -40,18 +42,20 @@ def test_pack_layout_and_padding():
 
 def test_switch(monkeypatch):
     monkeypatch.setenv(SWITCH, "fast")
-    with pytest.raises(SwitchError, match="FLAX_TRANSFORMER_INT8_KERNEL='fast'.*auto, xla, amx"):
+    with pytest.raises(SwitchError, match="INT8_KERNEL='fast'.*auto, xla, amx, avx2"):
         KERNELS.int8.value()
     monkeypatch.setenv(SWITCH, "xla")
     assert KERNELS.int8.reason_unavailable() == "FLAX_TRANSFORMER_INT8_KERNEL=xla"
     assert not KERNELS.int8.active()
 
 
-def test_cpu_without_amx_falls_back_or_says_why(monkeypatch):
-    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo=None: {"avx2", "fma"})
+def test_cpu_without_amx_or_avx2_falls_back_or_says_why(monkeypatch):
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo=None: {"sse4_2", "fma"})
     monkeypatch.setattr(cpu, "platform_problem", lambda: None)
     monkeypatch.setenv(SWITCH, "auto")
-    assert KERNELS.int8.reason_unavailable() == "this CPU lacks amx_int8 and amx_tile"
+    assert KERNELS.int8.reason_unavailable() == (
+        "amx: this CPU lacks amx_int8 and amx_tile; avx2: this CPU lacks avx2"
+    )
     assert not KERNELS.int8.active()
     monkeypatch.setenv(SWITCH, "amx")
     with pytest.raises(SwitchError, match="cannot run here: this CPU lacks amx_int8"):

@@ -37,6 +37,7 @@ def f32_target(build: str) -> str:
 
 
 INT8_AMX_TARGET = "flax_transformer_int8_amx_product"
+INT8_AVX2_TARGET = "flax_transformer_int8_avx2_product"
 BEAM_REORDER_TARGET = "flax_transformer_beam_reorder"
 
 LIBRARIES: dict[str, Library] = {
@@ -46,6 +47,10 @@ LIBRARIES: dict[str, Library] = {
             "int8_amx", "int8_amx.cc", COMMON_FLAGS + ("-mamx-tile", "-mamx-int8"),
             ("amx_tile", "amx_int8"), {INT8_AMX_TARGET: "int8_amx_product"},
             init="int8_amx_request_permission",
+        ),
+        Library(
+            "int8_avx2", "int8_avx2.cc", COMMON_FLAGS + ("-mavx2",), ("avx2",),
+            {INT8_AVX2_TARGET: "int8_avx2_product"},
         ),
         Library(
             "f32_packed_avx512", "f32_packed.cc", COMMON_FLAGS + ("-mavx512f", "-mfma"),

@@ -1,7 +1,7 @@
 """The one switch object of the native kernels: `KERNELS`, with a `Switch` per kernel (`int8`,
 `f32`, `reorder`), each read from its environment variable:
 
-    FLAX_TRANSFORMER_INT8_KERNEL    = auto | xla | amx             (int8 products on Intel AMX)
+    FLAX_TRANSFORMER_INT8_KERNEL    = auto | xla | amx | avx2      (int8 products, packed)
     FLAX_TRANSFORMER_F32_KERNEL     = auto | xla | avx512 | avx2   (float32 products, packed)
     FLAX_TRANSFORMER_REORDER_KERNEL = auto | xla | native          (beam search's cache reorder)
 
@@ -172,8 +172,8 @@ class Kernels:
     """The one switch object: `KERNELS.int8`, `.f32`, `.reorder`; iterating gives the three."""
 
     int8 = Switch(
-        "int8", "FLAX_TRANSFORMER_INT8_KERNEL", (("amx", "int8_amx"),),
-        "the AMX int8 kernel", "XLA's int8 dot",
+        "int8", "FLAX_TRANSFORMER_INT8_KERNEL", (("amx", "int8_amx"), ("avx2", "int8_avx2")),
+        "the packed int8 kernel", "XLA's int8 dot",
     )  # fmt: skip
     f32 = Switch(
         "f32", "FLAX_TRANSFORMER_F32_KERNEL",

@@ -7,10 +7,11 @@ The model code is not changed: `Int8ProductsTransformer` / `Int8ProductsTransfor
 `apply` under a flax method interceptor that routes `Dense.__call__` and `nn.Embed.__call__` /
 `attend` to the int8 code when their parameter is an Int8Matrix (anything else runs as usual).
 
-On a CPU with Intel AMX the products run in kernels.int8_amx's kernel, on weights packed once by
-`quantize_for_products` (an AmxInt8Matrix); elsewhere, and for matrices whose input size is
-not a multiple of 64, in XLA's int8 dot. Both are exact int8 x int8 -> int32, so the two paths
-give the same numbers; FLAX_TRANSFORMER_INT8_KERNEL chooses (`KERNELS.int8`, kernels.switches).
+On a CPU with Intel AMX, or else AVX2, the products run in kernels.int8_amx's kernels, on
+weights packed once by `quantize_for_products` (an AmxInt8Matrix: the layout both read);
+elsewhere, and for matrices whose input size is not a multiple of 64, in XLA's int8 dot. All
+are exact int8 x int8 -> int32, so the paths give the same numbers;
+FLAX_TRANSFORMER_INT8_KERNEL chooses (`KERNELS.int8`, kernels.switches).
 
 Why dynamic int8 and not weight-only: on XLA:CPU a dequantise-then-float32 product is slower
 than float32 itself; an int8 x int8 product of 4-8 rows was 2-2.8x faster (bench/NOTES.md,
@@ -41,8 +42,9 @@ MIN_ROWS = 4
 
 @struct.dataclass
 class AmxInt8Matrix(Int8Matrix):
-    """An Int8Matrix whose products run in kernels.int8_amx's kernel: `packed` is the matrix as
-    (in, out), in the kernel's layout (int8_amx.pack), `values` and `scale` as before."""
+    """An Int8Matrix whose products run in kernels.int8_amx's kernels (AMX or AVX2, the one
+    KERNELS.int8 chooses): `packed` is the matrix as (in, out), in their layout
+    (int8_amx.pack), `values` and `scale` as before."""
 
     packed: jax.Array | None = None
 
@@ -57,14 +59,17 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def int8_product(rows: jax.Array, matrix: Int8Matrix, contract_axis: int) -> jax.Array:
     """rows (n, in) float times the int8 values of `matrix` contracted on `contract_axis` (0:
     an (in, out) kernel, 1: a (vocab, in) table): the int32 accumulators as float32 times the
-    row scales; the caller applies the weight scales. An AmxInt8Matrix's product runs on AMX."""
+    row scales; the caller applies the weight scales. An AmxInt8Matrix's product runs in the
+    packed kernel, without padding rows (it has no per-call packing to spread over them)."""
     n = rows.shape[0]
-    if n < MIN_ROWS:
+    packed = isinstance(matrix, AmxInt8Matrix)
+    if n < MIN_ROWS and not packed:
         rows = jnp.concatenate([rows, jnp.zeros((MIN_ROWS - n, rows.shape[1]), rows.dtype)])
     xq, sx = quantize_rows(rows)
     values = matrix.values
-    if isinstance(matrix, AmxInt8Matrix):
-        acc = int8_amx.product(xq, matrix.packed, values.shape[1 - contract_axis])
+    if packed:
+        build = KERNELS.int8.choose().build or "amx"  # the build that packed it (same switch)
+        acc = int8_amx.product(xq, matrix.packed, values.shape[1 - contract_axis], build)
     else:
         acc = jax.lax.dot_general(
             xq, values, (((1,), (contract_axis,)), ((), ())), preferred_element_type=jnp.int32
