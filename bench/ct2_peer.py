@@ -68,10 +68,10 @@ def token_names(vocab_size: int, eos: int, pad: int, unk: int = 1) -> list[str]:
 
 
 class _StandInTokenizer:
-    """What CTranslate2's Marian loader reads from a tokenizer: the vocabulary and the names of
-    EOS and UNK."""
+    """What CTranslate2's loaders read from a tokenizer: the vocabulary and the names of EOS,
+    UNK, PAD (and BOS: Qwen2's loader falls back to PAD)."""
 
-    eos_token, unk_token, pad_token = "</s>", "<unk>", "<pad>"
+    eos_token, unk_token, pad_token, bos_token = "</s>", "<unk>", "<pad>", None
 
     def __init__(self, names: list[str]):
         self._vocab = {name: i for i, name in enumerate(names)}
@@ -81,7 +81,8 @@ class _StandInTokenizer:
 
 
 def convert(hf_dir: str | Path, out_dir: str | Path, names: list[str]) -> Path:
-    """Convert a save_pretrained Marian directory with CTranslate2's converter (float32)."""
+    """Convert a save_pretrained directory (Marian, or a decoder-only LLM such as Qwen2) with
+    CTranslate2's converter (float32)."""
     from ctranslate2.converters import TransformersConverter
 
     class _Converter(TransformersConverter):
@@ -123,6 +124,41 @@ class CT2Peer:
         out = np.full((len(rows), new_tokens), -1, np.int64)
         for i, row in enumerate(rows):
             out[i, : min(len(row), new_tokens)] = row[:new_tokens]
+        return out
+
+
+class CT2GeneratorPeer:
+    """A CTranslate2 Generator (decoder-only models) over a converted model; ids in and out."""
+
+    def __init__(self, model_dir: str | Path, names: list[str], compute_type: str, threads: int):
+        import ctranslate2
+
+        self.compute_type = compute_type
+        self.names = names
+        self.generator = ctranslate2.Generator(
+            str(model_dir),
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=1,
+            intra_threads=threads,
+        )
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> np.ndarray:
+        """(batch, new_tokens) ids, greedy: each prompt (ragged, no padding) forwarded at once,
+        then exactly `new_tokens` tokens (EOS suppressed until then, as `min_new_tokens` does
+        on the other sides)."""
+        results = self.generator.generate_batch(
+            [[self.names[int(i)] for i in row] for row in prompts],
+            max_length=new_tokens,
+            min_length=new_tokens,
+            sampling_topk=1,
+            include_prompt_in_result=False,
+            max_batch_size=0,
+        )
+        out = np.full((len(results), new_tokens), -1, np.int64)
+        for i, r in enumerate(results):
+            row = r.sequences_ids[0][:new_tokens]
+            out[i, : len(row)] = row
         return out
 
 

@@ -21,6 +21,7 @@ RUNNABLE = [
 
 def test_the_modules_are_found():
     assert {"ab_decode", "hlo_ops", "f32_rows", "page_faults", "hf_generate"} <= set(RUNNABLE)
+    assert "llm_generate" in RUNNABLE
     assert {"setup", "flax_step"} <= set(MODULES) - set(RUNNABLE)  # libraries of the others
 
 
