@@ -81,7 +81,9 @@ def test_int8_encoder_holds_its_products_in_int8_and_saves_refused(classifier_di
         hf.save(q8, tmp_path / "out")
 
 
-@pytest.mark.parametrize("name", ["bert", "roberta", "distilbert"])
+@pytest.mark.parametrize(
+    "name", ["bert", *(pytest.param(n, marks=pytest.mark.slow) for n in ("roberta", "distilbert"))]
+)
 def test_int8_embeddings_point_where_float32_ones_do(name, tmp_path):
     """The bare encoders' last hidden states: every real token's vector within a small angle
     of float32's; encoder_fn of the int8 model computes the same as its forward."""
