@@ -152,7 +152,7 @@ def load_sides(directory: Path, args, threads: int) -> tuple[dict, list[str]]:
 
     sides["torch"] = torch_side
     why = None if args.ort else "ONNX Runtime left out (--no-ort)"
-    why = why or encoder_peers.missing("onnxruntime", "pip install onnxruntime onnxscript")
+    why = why or encoder_peers.missing(("onnxruntime", "onnx", "onnxscript"), "ONNX Runtime")
     if why is None:
         max_len = max(length for _, length in (TINY_CELLS if args.tiny else CELLS))
         onnx_path = encoder_peers.export_onnx(model, directory / "model.onnx", max_len)
@@ -160,7 +160,7 @@ def load_sides(directory: Path, args, threads: int) -> tuple[dict, list[str]]:
     else:
         skipped.append(why)
     why = None if args.ct2 else "CTranslate2 left out (--no-ct2)"
-    why = why or encoder_peers.missing("ctranslate2", "pip install ctranslate2")
+    why = why or encoder_peers.missing(("ctranslate2",), "CTranslate2")
     if why is None:
         vocab = model.config.vocab_size
         converted = encoder_peers.convert_ct2(directory, directory / "ct2", vocab)

@@ -164,10 +164,14 @@ class CT2Peer:
         return np.asarray(out.last_hidden_state, np.float32)
 
 
-def missing(module: str, extra: str) -> str | None:
-    """None when `module` imports, else one line saying its columns are skipped and why."""
-    try:
-        __import__(module)
-    except ImportError as err:
-        return f"{module} is not installed ({err}); its columns are skipped ({extra})"
+def missing(modules: tuple[str, ...], columns: str) -> str | None:
+    """None when every module imports, else one line saying `columns` are skipped and why."""
+    for module in modules:
+        try:
+            __import__(module)
+        except ImportError as err:
+            return (
+                f"{module} is not installed ({err}); the {columns} columns are skipped "
+                "(pip install 'flax-transformer[bench]')"
+            )
     return None

@@ -120,3 +120,12 @@ def test_encoder_smoke_runs_the_tiny_model_against_torch(tmp_path, capsys):
     table = capsys.readouterr().out
     assert table.startswith("CPU: ") and "| 1 x 8 |" in table
     assert "ONNX Runtime left out (--no-ort)" in table
+
+
+def test_encoder_peers_say_which_package_is_missing():
+    from bench import encoder_peers
+
+    assert encoder_peers.missing(("json",), "JSON") is None
+    line = encoder_peers.missing(("json", "no_such_module_here"), "ONNX Runtime")
+    assert line.startswith("no_such_module_here is not installed (")
+    assert "the ONNX Runtime columns are skipped" in line and "[bench]" in line
