@@ -4,9 +4,11 @@ the modules that came out of bench/results/ keep their one piece of logic and th
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import bench
@@ -86,3 +88,45 @@ def test_f32_rows_says_why_when_the_kernel_is_off(monkeypatch, capsys):
         err.startswith("bench.f32_rows: the float32 kernel does not run here")
         and err.count("\n") == 1
     )
+
+
+def test_encoder_compares_float32_by_tolerance_and_int8_by_cosine():
+    from bench import encoder
+
+    reference = np.array([[[1.0, 0.0], [0.0, 2.0]]], np.float32)
+    close = encoder.compare("project", reference + 5e-6, reference)
+    assert close["within_tolerance"] and close["max_abs_diff"] == pytest.approx(5e-6, rel=1e-2)
+    assert not encoder.compare("ort", reference + 2e-5, reference)["within_tolerance"]
+    turned = np.array([[[1.0, 1.0], [0.0, 2.0]]], np.float32)  # the first token 45 degrees off
+    int8 = encoder.compare("ct2_int8", turned, reference)
+    assert int8["cosine_min"] == pytest.approx(np.sqrt(0.5)) and "within_tolerance" not in int8
+    assert int8["cosine_mean"] == pytest.approx((np.sqrt(0.5) + 1) / 2)
+
+
+@pytest.mark.slow
+def test_encoder_smoke_runs_the_tiny_model_against_torch(tmp_path, capsys):
+    """bench.encoder --tiny: every project side and torch time every cell, the float32 outputs
+    within 1e-5 of torch's (ONNX Runtime's export and CTranslate2 cost a minute: left out).
+    About 10 s on the idle 2-core machine: slow."""
+    from bench import encoder
+
+    out = tmp_path / "encoder.json"
+    argv = ["--json", str(out), "--tiny", "--rounds", "1", "--no-ort", "--no-ct2"]
+    assert encoder.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [(c["batch"], c["tokens"]) for c in result["cells"]] == list(encoder.TINY_CELLS)
+    for cell in result["cells"]:
+        assert cell["project"]["within_tolerance"] and cell["project_jit"]["within_tolerance"]
+        assert cell["torch"]["seq_s"] > 0 and "ort" not in cell
+    table = capsys.readouterr().out
+    assert table.startswith("CPU: ") and "| 1 x 8 |" in table
+    assert "ONNX Runtime left out (--no-ort)" in table
+
+
+def test_encoder_peers_say_which_package_is_missing():
+    from bench import encoder_peers
+
+    assert encoder_peers.missing(("json",), "JSON") is None
+    line = encoder_peers.missing(("json", "no_such_module_here"), "ONNX Runtime")
+    assert line.startswith("no_such_module_here is not installed (")
+    assert "the ONNX Runtime columns are skipped" in line and "[bench]" in line

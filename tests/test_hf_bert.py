@@ -161,3 +161,21 @@ def test_import_export_round_trip_through_a_run_directory(models, tmp_path):
         np.testing.assert_array_equal(after[key], value, err_msg=key)
     reloaded = type(torch_model).from_pretrained(tmp_path / "out")
     assert reloaded.config.id2label == torch_model.config.id2label
+
+
+def test_lengths_of_one_bucket_compile_once_and_match_transformers(models):
+    """forward pads the tokens to their length bucket (hf.length_buckets): lengths 9 to 16
+    share one compilation, each output as transformers' at its own length."""
+    torch_model, path = models["roberta_mlm"]  # positions that skip padding: the pad id matters
+    model = hf.load(path)
+    rng = np.random.default_rng(4)
+    for length in (9, 13, 16):
+        ids = rng.integers(3, 60, size=(2, length))
+        with torch.no_grad():
+            expected = torch_model(torch.from_numpy(ids))[0].numpy()
+        out = model.forward(ids)
+        assert out.shape == expected.shape
+        assert_close(out, expected, rtol=1e-5, what=f"length {length}")
+    assert model._apply._cache_size() == 1
+    model.forward(rng.integers(3, 60, size=(2, 17)))  # the next bucket: one more
+    assert model._apply._cache_size() == 2

@@ -19,6 +19,7 @@ from flax_transformer.hf.checkpoint import (
 )
 from flax_transformer.hf.config import check_hf_config, hf_to_config, model_kind
 from flax_transformer.hf.families import Family, family_for
+from flax_transformer.hf.length_buckets import bucket_length, pad_columns
 from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_lazy_hf_state
@@ -107,7 +108,7 @@ class HFModel:
                     "and position_ids where the model has them): no decoder_input_ids"
                 )
             kwargs = self._encoder_inputs(input_ids, position_ids, token_type_ids)
-            return np.asarray(self._apply(self.variables, input_ids, src_mask=mask, **kwargs))
+            return self._encoder_forward(input_ids, mask, kwargs)
         if token_type_ids is not None:
             raise ValueError(f"token_type_ids is for encoder models; this is a {self.kind}")
         if self.kind == "lm":
@@ -130,6 +131,18 @@ class HFModel:
             )
         out = self._apply(self.variables, input_ids, decoder_input_ids, src_mask=mask)
         return np.asarray(out)
+
+    def _encoder_forward(self, input_ids, mask, kwargs: dict) -> np.ndarray:
+        """The encoder on the inputs padded to their length bucket (hf.length_buckets: one
+        compilation per bucket, not per length), the padded positions cut off again."""
+        length = input_ids.shape[1]
+        padded = bucket_length(length, self.config.max_len)
+        if padded != length:
+            input_ids = pad_columns(input_ids, padded, self.config.pad_id)
+            mask = pad_columns(mask[:, 0, 0, :], padded, False)[:, None, None, :]
+            kwargs = {name: pad_columns(value, padded, 0) for name, value in kwargs.items()}
+        out = np.asarray(self._apply(self.variables, input_ids, src_mask=mask, **kwargs))
+        return out[:, :length] if out.ndim == 3 else out  # a sequence head: (batch, labels)
 
     def _encoder_inputs(self, input_ids, position_ids, token_type_ids) -> dict[str, Any]:
         """The encoder's keyword inputs for transformers' position_ids (table rows, shifted by
@@ -188,8 +201,15 @@ class HFModel:
         """
         if self.kind not in (ENCODER, SEQ2SEQ):
             raise ValueError(f"encoder_fn needs a model with an encoder; this is a {self.kind}")
+        int8 = is_int8_products(self.module)
+        if int8 and dtype not in (None, "float32"):
+            raise ValueError(
+                f"a model loaded with quantize='int8' computes in float32, not {dtype}"
+            )
         config = self.config if dtype is None else self.config.replace(dtype=dtype)
         module = model_for(config, self.kind)
+        if int8:  # its variables hold int8 matrices: the products that read them
+            module = int8_products_model(module)
         method = None if self.kind == ENCODER else "encode"
         loaded = self.variables
 
@@ -244,8 +264,8 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
     `quantize="int8"`: the Dense kernels and the embedding table held as int8 with one float32
     scale per output channel, every matrix product computed as dynamic int8 (activations
     quantised per row at run time, int8 x int8 -> int32; nn.int8_products). Faster on CPU,
-    not token-identical to float32 (docs/hf.md gives the agreement). seq2seq and LM models in
-    float32 only. None (default): the weights as stored."""
+    not token-identical to float32 (docs/hf.md gives the agreement). Every kind (seq2seq, LM,
+    encoder with its pooler and head), in float32 only. None (default): the weights as stored."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if quantize not in QUANTIZE:
@@ -277,8 +297,6 @@ def load(path: str | Path, dtype: str = "float32", quantize: str | None = None) 
     )
     module = model_for(config, kind)
     if quantize == "int8":
-        if kind == ENCODER:
-            raise ValueError("quantize='int8' is for seq2seq and LM models, not a bare encoder")
         module, params = int8_products_model(module), quantize_for_products(params)
     else:
         params = _on_device(params)

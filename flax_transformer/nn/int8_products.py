@@ -31,7 +31,7 @@ from flax_transformer.kernels import int8_amx
 from flax_transformer.kernels.switches import KERNELS
 from flax_transformer.nn.int8 import INT8_MAX, Int8Matrix, quantize_matrix
 from flax_transformer.nn.layers import Dense, product_matrix
-from flax_transformer.nn.model import Transformer, TransformerLM
+from flax_transformer.nn.model import Transformer, TransformerEncoder, TransformerLM
 
 # Products of fewer rows are padded with zero rows to this many. 2 or 4: bench/NOTES.md
 # ("int8 for Hugging Face models") measured the one-row output-table product at 3.61 ms padded
@@ -148,13 +148,24 @@ class Int8ProductsTransformerLM(_Int8ProductsApply, TransformerLM):
     """TransformerLM computing with dynamic int8 products on `quantize_for_products` variables."""
 
 
+class Int8ProductsTransformerEncoder(_Int8ProductsApply, TransformerEncoder):
+    """TransformerEncoder (BERT, RoBERTa, DistilBERT, a T5 encoder; its pooler and head too)
+    computing with dynamic int8 products on `quantize_for_products` variables."""
+
+
 def int8_products_model(model):
-    """The int8-products twin of a Transformer / TransformerLM, same config."""
+    """The int8-products twin of a Transformer / TransformerLM / TransformerEncoder, same
+    config."""
     if isinstance(model, Transformer):
         return Int8ProductsTransformer(model.config)
     if isinstance(model, TransformerLM):
         return Int8ProductsTransformerLM(model.config)
-    raise TypeError(f"int8 products need a Transformer or TransformerLM: {type(model).__name__}")
+    if isinstance(model, TransformerEncoder):
+        return Int8ProductsTransformerEncoder(model.config)
+    raise TypeError(
+        "int8 products need a Transformer, TransformerLM or TransformerEncoder: "
+        f"{type(model).__name__}"
+    )
 
 
 def is_int8_products(model) -> bool:
