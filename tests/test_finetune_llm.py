@@ -330,3 +330,34 @@ def test_text_data_errors(imported, tmp_path, capsys):
     err = train_error(["--init-from", encoder_run, "--lm-text", text, "--workdir", workdir], capsys)
     assert "holds an encoder model, not a decoder-only language model" in err
     assert not workdir.exists()
+
+
+@pytest.mark.slow  # per family: the CLI's decoder compiled
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generate_chat_replies_as_transformers_in_every_family(imported, family, tmp_path):
+    """`ftx generate --chat --system` on an imported Llama, Gemma or Phi-3: the prompt is the
+    chat template's and the reply transformers' greedy tokens (test_hf_chat has Llama's
+    trained chat, whose reply stops at <|eot_id|>)."""
+    from flax_transformer.cli import generate as generate_cli
+    from flax_transformer.runs.generate import GenerateOptions, prepare
+    from flax_transformer.runs.load import open_run
+
+    run, tokenizer = imported[family]
+    model = transformers.AutoModelForCausalLM.from_pretrained(run.parent / "hf").eval()
+    user = "What is the capital of France?"
+    (tmp_path / "in.txt").write_text(user + "\n")
+    argv = ["--workdir", str(run), "--input", str(tmp_path / "in.txt"), "--chat"]
+    argv += ["--system", "Be brief.", "--max-new-tokens", "12"]
+    assert generate_cli.main(argv) == 0
+    args = generate_cli.parse_args(argv)
+    options = GenerateOptions(**{f: getattr(args, f) for f in GenerateOptions.__dataclass_fields__})
+    generator = prepare(open_run(run), options, run)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": user}]
+    prompt = generator.encode(user, 1)
+    theirs_prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert prompt == theirs_prompt
+    ours = generator.decode_batch([prompt], 0)[0].tolist()
+    theirs = hf_chat.transformers_reply(model, tokenizer, messages, 12)
+    assert ours[: len(theirs)] == theirs, family
