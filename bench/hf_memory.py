@@ -5,7 +5,8 @@ Writes a synthetic bfloat16 checkpoint of at least `--gb` GB (random weights, st
 real model's shape straight with safetensors, sharded as transformers' save_pretrained shards
 (huggingface_hub's split, `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json`):
 `--family gpt2` GPT-2 XL's shape (1600 wide, 48 layers: 1.56 B parameters, 3.1 GB), `--family
-llama` Llama 3.2 3B's (3072 wide, 28 layers, 24 heads, 8 KV heads, tied: 3.2 B, 6.4 GB). The
+llama` Llama 3.2 3B's (3072 wide, 28 layers, 24 heads, 8 KV heads, tied: 3.2 B, 6.4 GB),
+`--family phi3` Phi-3-mini's (3072 wide, 32 layers, fused projections, untied: 3.8 B, 7.6 GB). The
 tensor names and shapes come from transformers' class for the config built on the meta device
 (no weights are allocated), the tied copies left out as save_pretrained leaves them out. A
 tiny word-level tokenizer goes along (a run needs one).
@@ -63,10 +64,24 @@ FAMILIES = {
             bos_token_id=128000, eos_token_id=128001,
         ),
     ),
+    "phi3": (  # Phi-3-mini's shape: fused qkv_proj / gate_up_proj, split on import
+        "Phi3Config",
+        dict(
+            hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+            max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+        ),
+        dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, vocab_size=32064, tie_word_embeddings=False,
+            bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+        ),
+    ),
 }  # fmt: skip
 
 
-LAYERS = {"gpt2": "n_layer", "llama": "num_hidden_layers"}
+LAYERS = {"gpt2": "n_layer", "llama": "num_hidden_layers", "phi3": "num_hidden_layers"}
 
 
 def hf_config(family: str, tiny: bool, layers: int | None = None):
