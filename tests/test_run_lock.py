@@ -188,7 +188,7 @@ def test_a_full_disk_stops_the_run_in_one_line_keeping_the_last_checkpoint(
     tmp_path, monkeypatch, capsys
 ):
     workdir = tmp_path / "run"
-    monkeypatch.setattr(run_dir, "append_metrics", _full_disk_after(6, run_dir.append_metrics))
+    monkeypatch.setattr(run_files, "append_metrics", _full_disk_after(6, run_files.append_metrics))
     code = train.main([*TINY, "--workdir", str(workdir)])
     out, err = capsys.readouterr()
     assert code == 1
