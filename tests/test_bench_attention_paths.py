@@ -63,6 +63,7 @@ def test_attention_impl_picks_the_path():
     assert TransformerConfig.from_dict(old).attention_impl == "auto"
 
 
+@pytest.mark.slow  # ~8 s: a forward and gradients on both attention paths
 def test_model_forward_and_gradients_equal_on_both_paths(monkeypatch):
     src = jnp.asarray([[5, 6, 7, 8, 0, 0], [0, 0, 0, 0, 0, 0]], jnp.int32)  # row 2 all padding
     tgt = jnp.asarray([[3, 4, 5, 0], [9, 10, 0, 0]], jnp.int32)

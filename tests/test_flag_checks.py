@@ -170,6 +170,7 @@ def test_the_python_api_refuses_a_model_without_the_layers_it_needs(model, layer
         module.init(jax.random.PRNGKey(0), *inputs)
 
 
+@pytest.mark.slow  # ~8 s
 def test_a_seq2seq_model_without_encoder_layers_is_still_a_function():
     """Its decoder reads the source's embeddings (the twins agree on it, parity_tests/
     test_properties.py); only the commands ask a seq2seq run for encoder layers."""

@@ -50,6 +50,7 @@ def test_extreme_values_do_not_saturate():
     assert int(jnp.abs(got).max()) == k * 127 * 127
 
 
+@pytest.mark.slow  # ~6 s: a Qwen2 generated twice (the products are checked fast above)
 @needs_avx2
 def test_int8_qwen2_same_tokens_as_xla_dot(tmp_path, monkeypatch):
     """A small Qwen2 (d 64: every product packed) generates the same int8 tokens on the AVX2

@@ -141,7 +141,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize(
-    "sig, status, how", [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")]
+    "sig, status, how",
+    [("SIGINT", 130, "Ctrl-C"), pytest.param("SIGTERM", 143, "SIGTERM", marks=pytest.mark.slow)],
 )
 def test_a_signal_during_hf_import_leaves_nothing(hf_dir, tmp_path, sig, status, how):
     workdir = tmp_path / "run"

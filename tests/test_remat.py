@@ -69,7 +69,9 @@ def assert_same(with_remat, without_remat, rtol: float):
 
 
 # The seq2seq case takes ~45 s on 2 cores: a long run (`pytest -m slow`, CI).
-@pytest.mark.parametrize("kind", [pytest.param("seq2seq", marks=pytest.mark.slow), "lm"])
+# Both kinds in the slow pass (the fast suite keeps remat's dropout masks and param tree).
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seq2seq", "lm"])
 def test_remat_gradients_equal_float64(kind):
     cfg = CONFIG.replace(dtype="float64", param_dtype="float64")
     with jax.enable_x64(True):
