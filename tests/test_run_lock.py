@@ -361,3 +361,41 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tmp_path,
         ]
 
     assert records(workdir) == records(finished)
+
+
+# ----------------------------------------------------------------------------- before training
+@pytest.mark.parametrize(
+    "where, interruption, status",
+    [
+        ("flax_transformer.runs.train.join_processes", KeyboardInterrupt, 130),
+        ("flax_transformer.training.loop.run_training", KeyboardInterrupt, 130),
+        ("flax_transformer.training.loop.run_training", "terminated", 143),
+    ],
+)
+def test_an_interruption_before_the_first_step_says_what_the_run_left(
+    tmp_path, monkeypatch, capsys, where, interruption, status
+):
+    """runs.train says it (the workflow knows its workdir): before the run files, nothing to
+    resume; once they are written (the loop not yet started), --resume starts the run over.
+    SIGTERM (interrupts.Terminated) keeps its own exit status."""
+    from flax_transformer.training.interrupts import Terminated
+
+    error = Terminated() if interruption == "terminated" else interruption()
+
+    def interrupt(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(where, interrupt)
+    workdir = tmp_path / "run"
+    assert train.main([*SHORT, "--workdir", str(workdir)]) == status
+    _, err = capsys.readouterr()
+    line = err.strip().splitlines()[-1]
+    if where.endswith("join_processes"):
+        assert line == "interrupted before training started"
+        assert not workdir.exists()
+    else:
+        assert line == (
+            f"interrupted before training started; --resume --workdir {workdir} continues it "
+            "(from step 0 if it saved no checkpoint)"
+        )
+        assert (workdir / run_dir.RUN_JSON).exists()

@@ -75,7 +75,6 @@ def main(argv=None, hooks=None) -> int:
 def _main(argv, hooks, started: float) -> int:
     from flax_transformer.training import distributed
 
-    spec = None
     try:
         try:
             args = parse_args(argv)
@@ -109,24 +108,12 @@ def _main(argv, hooks, started: float) -> int:
         distributed.exit_now(1)
         return 1
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (interrupts.Terminated)
-        # The loop's TrainingInterrupted says the step and the last checkpoint; earlier, there
-        # is no training to speak of.
-        message = str(err) or before_training(spec)
+        # runs.train's TrainingInterrupted says the step and the last checkpoint, or what an
+        # interruption before the first step left; earlier (parsing the flags), nothing.
+        message = str(err) or "interrupted before training started"
         print(message, file=sys.stderr)
         distributed.exit_now(exit_status(err))
         return exit_status(err)
-
-
-def before_training(spec) -> str:
-    """What Ctrl-C / SIGTERM before the first step leaves: nothing, or a run directory (its
-    files were written) that --resume starts over."""
-    workdir = default_workdir(spec) if spec is not None else None
-    if workdir is not None and (workdir / run_dir.RUN_JSON).exists():
-        return (
-            f"interrupted before training started; --resume --workdir {workdir} continues it "
-            "(from step 0 if it saved no checkpoint)"
-        )
-    return "interrupted before training started"
 
 
 def warmup_chosen(argv, spec) -> bool:

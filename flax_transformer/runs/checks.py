@@ -20,14 +20,18 @@ from flax_transformer.spec.kinds import LM, SEQ2SEQ
 from flax_transformer.spec.presets import PRESETS
 
 
-def check_spec(spec: TrainSpec) -> str:
-    """What no options class can see: flags that go together. Values are checked by the options
-    classes (options_from_spec). Returns the data's kind (data_kind: CHAT, LM or SEQ2SEQ), read
-    once here for the whole run."""
+def check_spec(spec: TrainSpec, workdir: Path | None = None) -> str:
+    """What no options class can see: flags that go together, and the run directory (`workdir`,
+    default_workdir's when None) against the inputs. Values are checked by the options classes
+    (options_from_spec). Returns the data's kind (data_kind: CHAT, LM or SEQ2SEQ), read once
+    here for the whole run. The flags alone first; then the two looks at the paths (the data's
+    kind, the workdir against every input: nothing is written yet); then what depends on the
+    kind."""
     from flax_transformer.data.pipeline import CLASSIFY
+    from flax_transformer.files.atomic_io import OutputPathError, check_not_input
     from flax_transformer.training.options import DataOptions
 
-    check_workdir_not_input(spec)  # first: a run that would write over its input is the worst
+    workdir = default_workdir(spec) if workdir is None else workdir
     check_classify_spec(spec)
     sources = [s for s in ("task", "train_tsv", "lm_text", "train_jsonl") if getattr(spec, s)]
     if spec.task == CLASSIFY:
@@ -35,16 +39,10 @@ def check_spec(spec: TrainSpec) -> str:
     if len(sources) > 1:
         names = ", ".join("--" + s.replace("_", "-") for s in sources)
         raise UsageError(f"choose one data source, got {names}")
-    kind = data_kind(spec)  # (a bad first line of a --train-jsonl is named as it is)
-    model_kind = LM if kind == CHAT else kind
-    check_chat_spec(spec, kind == CHAT)
-    check_validation_file(spec, model_kind)
     if spec.lm_valid and not spec.lm_text:
         raise UsageError("--lm-valid needs --lm-text")
     if spec.tokenizer == "bpe" and not (spec.train_tsv or spec.lm_text or spec.train_jsonl):
         raise UsageError("--tokenizer bpe needs a corpus (--train-tsv, --train-jsonl or --lm-text)")
-    if spec.keep_best == "exact_match" and model_kind == LM:
-        raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
     if spec.init_from:
         # --max-len stays: the longest training sequence (check_train_len), not the model's.
         model_flags = [
@@ -56,18 +54,36 @@ def check_spec(spec: TrainSpec) -> str:
             raise UsageError(f"--init-from takes the run's config; do not also give {given}")
         if spec.tokenizer != DataOptions.tokenizer:
             raise UsageError("--init-from takes the run's tokenizer; do not also give --tokenizer")
-        if not spec.resume and not (Path(spec.init_from) / RUN_JSON).exists():
-            raise UsageError(f"--init-from {spec.init_from}: not a run directory (no run.json)")
-        if not spec.resume and not has_checkpoint(Path(spec.init_from)):
-            raise UsageError(
-                f"--init-from {spec.init_from}: the run has no checkpoint in "
-                f"{Path(spec.init_from) / CHECKPOINTS} (it stopped before its first save?); "
-                "nothing to start from"
-            )
-    else:  # the init run's config is checked when it is loaded
+    kind = data_kind(spec)  # (a bad first line of a --train-jsonl is named as it is)
+    # A run that would write config.json, checkpoints, ... over or beside what it reads: the
+    # workdir may not be, contain or lie inside an input file or the --init-from run.
+    inputs = [(f"--{flag.replace('_', '-')}", getattr(spec, flag, None)) for flag in INPUT_FLAGS]
+    try:
+        check_not_input(workdir, inputs, what="--workdir")
+    except OutputPathError as err:
+        raise UsageError(str(err)) from None
+    model_kind = LM if kind == CHAT else kind
+    check_chat_spec(spec, kind == CHAT)
+    check_validation_file(spec, model_kind)
+    if spec.keep_best == "exact_match" and model_kind == LM:
+        raise UsageError("--keep-best exact_match needs a translation model, not --lm-text")
+    if not spec.init_from:  # (the init run's config is checked when it is loaded)
         check_model_flags(spec, model_kind)
+    elif not spec.resume:
+        check_init_run(Path(spec.init_from))
     # (--mesh is checked against the devices when the processes join: runs/train.py)
     return kind
+
+
+def check_init_run(init_from: Path) -> None:
+    """--init-from names a run directory that holds a checkpoint to start from."""
+    if not (init_from / RUN_JSON).exists():
+        raise UsageError(f"--init-from {init_from}: not a run directory (no run.json)")
+    if not has_checkpoint(init_from):
+        raise UsageError(
+            f"--init-from {init_from}: the run has no checkpoint in "
+            f"{init_from / CHECKPOINTS} (it stopped before its first save?); nothing to start from"
+        )
 
 
 def check_classify_spec(spec: TrainSpec) -> None:
@@ -113,19 +129,6 @@ def check_chat_spec(spec: TrainSpec, chat: bool) -> None:
 # The inputs a run reads, by flag: the workdir may not be, contain or lie inside any of them.
 INPUT_FLAGS = ("train_tsv", "valid_tsv", "lm_text", "lm_valid", "train_jsonl", "valid_jsonl")
 INPUT_FLAGS += ("init_from",)
-
-
-def check_workdir_not_input(spec: TrainSpec) -> None:
-    """UsageError (exit 2) naming both paths when the workdir is, contains or lies inside an
-    input file or the --init-from run: the run would write config.json, checkpoints, ... over
-    or beside what it reads (files/atomic_io.check_not_input)."""
-    from flax_transformer.files.atomic_io import OutputPathError, check_not_input
-
-    inputs = [(f"--{flag.replace('_', '-')}", getattr(spec, flag, None)) for flag in INPUT_FLAGS]
-    try:
-        check_not_input(default_workdir(spec), inputs, what="--workdir")
-    except OutputPathError as err:
-        raise UsageError(str(err)) from None
 
 
 def has_checkpoint(workdir: Path) -> bool:

@@ -28,6 +28,7 @@ from flax_transformer.runs.run_dir import read_run_json
 from flax_transformer.runs.spec import TrainSpec, UsageError, spec_record, spec_values
 from flax_transformer.runs.train_data import corpus_input, corpus_source
 from flax_transformer.runs.workdir import WorkdirLock, has_run, make_workdir, prepare_workdir
+from flax_transformer.training.interrupts import TrainingInterrupted, exit_status
 
 
 def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=None):
@@ -35,7 +36,29 @@ def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=Non
     every step and evaluation, they may stop the run early). Returns the results (also in
     results.json), or None on a process other than 0 of a multi-process run. UsageError (a
     ValueError) for bad settings or input; `warmup_warning` False keeps quiet about a warmup
-    longer than the run (a default the user did not choose)."""
+    longer than the run (a default the user did not choose). TrainingInterrupted (a
+    KeyboardInterrupt) on Ctrl-C or SIGTERM, saying what the run left."""
+    started = time.perf_counter() if started is None else started
+    workdir = default_workdir(spec)
+    try:
+        return _train_spec(spec, workdir, tuple(hooks), warmup_warning, started)
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (interrupts.Terminated)
+        if isinstance(err, TrainingInterrupted):
+            raise  # the loop's: the step reached and the last checkpoint
+        message = "interrupted before training started"
+        if (workdir / run_dir.RUN_JSON).exists():  # its files were written: --resume starts over
+            message += (
+                f"; --resume --workdir {workdir} continues it (from step 0 if it saved no "
+                "checkpoint)"
+            )
+        raise TrainingInterrupted(message, exit_status(err)) from None
+
+
+def _train_spec(spec: TrainSpec, workdir: Path, hooks: tuple, warmup_warning: bool, started):
+    """`train` until the first step (a KeyboardInterrupt here stops a run that has not
+    trained): the settings and every check of them first, then the run directories (this
+    one's state, the --init-from run's kind and files), and only then the processes join (a
+    multi-process run waits for all of them) and the data is read."""
     from flax_transformer.training.options import (
         DataOptions,
         DistributedOptions,
@@ -43,19 +66,68 @@ def train(spec: TrainSpec, hooks=(), *, warmup_warning: bool = True, started=Non
         WarmupWarning,
     )
 
-    started = time.perf_counter() if started is None else started
-    join_processes(options_from_spec(DistributedOptions, spec), spec)
-    kind = check_spec(spec)  # what the data is (CHAT, LM or SEQ2SEQ), read once
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data = options_from_spec(DataOptions, spec, task=spec.task or DataOptions.task)
         options = options_from_spec(TrainOptions, spec, bleu_tokenize=bleu_tokenizer(spec))
-    for warning in caught:
-        if issubclass(warning.category, WarmupWarning) and not warmup_warning:
-            continue
-        print(f"warning: {warning.message}", file=sys.stderr)
+    distributed = options_from_spec(DistributedOptions, spec)
+    # x64 on before the first array (and before the processes join), back as it was after.
     with float64_if(wants_float64(spec)):
-        return run(spec, kind, data, options, tuple(hooks), started)
+        kind = check_spec(spec, workdir)  # what the data is (CHAT, LM or SEQ2SEQ), read once
+        for warning in caught:
+            if issubclass(warning.category, WarmupWarning) and not warmup_warning:
+                continue
+            print(f"warning: {warning.message}", file=sys.stderr)
+        run = read_run_dirs(spec, workdir, kind)
+        corpus = training_input(spec, workdir, kind)  # None: a built-in task, in memory
+        lock = WorkdirLock(workdir)  # (taken by process 0 at its first write: make_workdir)
+        try:
+            return _train_on(spec, distributed, data, options, hooks, started, workdir, lock,
+                             run, corpus)  # fmt: skip
+        finally:
+            if corpus is not None:
+                corpus.discard()  # a cache built but never installed (the run stopped before)
+            lock.release()
+
+
+def read_run_dirs(spec: TrainSpec, workdir: Path, kind: str) -> tuple:
+    """(restart, saved run.json, changed settings, the init run's run.json): this run's
+    directory checked (writable, not a second run; a --resume without a checkpoint restarts)
+    and its run.json read on --resume; the --init-from run's run.json read once, its model
+    kind checked against the data's (`kind`: check_spec's)."""
+    from flax_transformer.spec.kinds import ENCODER, LM, OLD_NAMES
+
+    restart = prepare_workdir(workdir, spec.resume)
+    saved = read_run_json(workdir) if spec.resume else None
+    # Settings that differ from the run's: refused by name, or (the compatible ones) recorded.
+    changed = changed_settings(spec, spec_values(saved)) if saved else {}
+    model_kind = ENCODER if spec.task == "classify" else LM if kind == CHAT else kind
+    init_run = (read_run_json(Path(spec.init_from)) or {}) if spec.init_from else {}
+    if spec.init_from and not spec.resume:
+        init_kind = init_run.get("model")
+        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
+        if init_kind not in (None, model_kind):
+            held = f"{'an' if init_kind[0] in 'aeiou' else 'a'} {init_kind} model"
+            wanted = (
+                "a decoder-only language model" if model_kind == LM else f"a {model_kind} model"
+            )
+            raise UsageError(
+                f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
+                "trains one"
+            )
+    return restart, saved, changed, init_run
+
+
+def training_input(spec: TrainSpec, workdir: Path, kind: str):
+    """The corpus input of the spec's files (nothing read yet): a ClassifyInput for --task
+    classify (runs/train_classify.py), a ChatInput for a JSONL of conversations
+    (runs/train_chat.py), else a CorpusInput; None for a built-in task (in memory)."""
+    if spec.task == "classify":  # --train-tsv of labelled texts
+        from flax_transformer.runs.train_classify import ClassifyInput
+
+        return ClassifyInput(spec, workdir)
+    source = corpus_source(spec)
+    return None if source is None else corpus_input(spec, source, kind)
 
 
 def load_pairs(spec, data):
@@ -208,68 +280,13 @@ def join_processes(options, spec: TrainSpec) -> None:
         raise UsageError(f"--mesh: {err}") from None
 
 
-def run(spec: TrainSpec, kind: str, data, options, hooks, started: float) -> dict | None:
-    """Train one run from its checked spec, its data's kind (check_spec) and options: read and
+def _train_on(spec, distributed, data, options, hooks, started, workdir, lock, run, corpus):
+    """_train_spec once every check has passed (the processes join first), with the run
+    directories read (`run`: read_run_dirs) and the corpus input (training_input): read and
     check the data, write the run files into the workdir, train, write results.json; the
     results (None on a process other than 0). UsageError for data that does not fit the flags
     or the --init-from run, or a workdir in use by another run (process 0 holds the workdir's
     lock from its first write to the end)."""
-    from flax_transformer.training.distributed import is_primary
-
-    workdir = default_workdir(spec)
-    lock = WorkdirLock(workdir, wanted=is_primary())
-    try:
-        return _train(spec, kind, data, options, hooks, started, workdir, lock)
-    finally:
-        lock.release()
-
-
-def _train(spec, kind, data, options, hooks, started: float, workdir: Path, lock: WorkdirLock):
-    """`run` once the workdir is chosen: first the run directories (this one's state, the
-    --init-from run's kind and files), then the data (kind: check_spec's data_kind)."""
-    from flax_transformer.spec.kinds import ENCODER, LM, OLD_NAMES
-    from flax_transformer.training.distributed import barrier
-
-    restart = prepare_workdir(workdir, spec.resume)
-    saved = read_run_json(workdir) if spec.resume else None
-    # Settings that differ from the run's: refused by name, or (the compatible ones) recorded.
-    changed = changed_settings(spec, spec_values(saved)) if saved else {}
-    barrier("workdir checked")  # by every process, before process 0 writes into it
-    classify = spec.task == "classify"
-    model_kind = ENCODER if classify else LM if kind == CHAT else kind
-    # The init run's run.json, read once: its model kind and the files it carries.
-    init_run = (read_run_json(Path(spec.init_from)) or {}) if spec.init_from else {}
-    if spec.init_from and not spec.resume:
-        init_kind = init_run.get("model")
-        init_kind = OLD_NAMES.get(init_kind, init_kind)  # the kind's old name
-        if init_kind not in (None, model_kind):
-            held = f"{'an' if init_kind[0] in 'aeiou' else 'a'} {init_kind} model"
-            wanted = (
-                "a decoder-only language model" if model_kind == LM else f"a {model_kind} model"
-            )
-            raise UsageError(
-                f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
-                "trains one"
-            )
-    run = (restart, saved, changed, init_run)
-    source = corpus_source(spec)
-    corpus = None
-    if classify:  # --train-tsv of labelled texts (runs/train_classify.py)
-        from flax_transformer.runs.train_classify import ClassifyInput
-
-        corpus = ClassifyInput(spec, workdir)
-    elif source is not None:
-        corpus = corpus_input(spec, source, kind)  # (a chat JSONL's: runs/train_chat.py)
-    try:
-        return _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus)
-    finally:
-        if corpus is not None:
-            corpus.discard()  # a cache built but never installed (the run stopped before)
-
-
-def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
-    """_train with the run directories read (`run`: restart, saved run.json, changed settings,
-    the init run's run.json) and the corpus input (None: a built-in task, in memory)."""
     from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
     from flax_transformer.runs.load import init_params_from
     from flax_transformer.spec.kinds import LM
@@ -277,6 +294,8 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
     from flax_transformer.training.loop import Job, run_training
 
     restart, saved, changed, init_run = run
+    join_processes(distributed, spec)  # every check has passed: now the processes meet
+    barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir.
     if corpus is None:
         kind, train_pairs, valid_pairs = load_pairs(spec, data)
@@ -315,7 +334,7 @@ def _train_on(spec, data, options, hooks, started, workdir, lock, run, corpus):
     # The first write: every input has been read and checked. The lock is taken here (a second
     # run on the workdir stops here, having written nothing; a refused command never touches
     # it), and a new run checks again that no run finished in the workdir meanwhile.
-    make_workdir(workdir, lock)
+    make_workdir(workdir, lock if is_primary() else None)
     # (Only process 0 writes the run files; the others find them there by design.)
     if not spec.resume and is_primary() and has_run(workdir):
         raise UsageError(

@@ -57,15 +57,15 @@ def has_run(workdir: Path) -> bool:
 class WorkdirLock:
     """The run directory's lock (run_dir.lock_run_dir), taken by process 0 at its first write
     (make_workdir) and held until the command ends; the other processes of a multi-process run
-    (`wanted` False) take none."""
+    take none (they pass no lock to make_workdir)."""
 
-    def __init__(self, workdir: Path, wanted: bool):
-        self.workdir, self.wanted, self._held = workdir, wanted, None
+    def __init__(self, workdir: Path):
+        self.workdir, self._held = workdir, None
 
     def take(self) -> bool:
         """Lock the workdir if it exists and is not locked yet; True if this call locked it.
         run_dir.RunDirInUse (exit status 2) when another run holds it."""
-        if not self.wanted or self._held is not None or not self.workdir.is_dir():
+        if self._held is not None or not self.workdir.is_dir():
             return False
         self._held = run_dir.lock_run_dir(self.workdir)
         return True
