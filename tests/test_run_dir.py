@@ -278,3 +278,24 @@ def test_the_warmup_warning_is_for_a_chosen_warmup_only(tmp_path, capsys):
     code, _, err = run_main(capsys, "--steps", "10", "--warmup", "20", "--train-tsv", missing,
                             "--workdir", tmp_path / "w")  # fmt: skip
     assert code == 2 and err.count("warning: --warmup 20 is longer than --steps 10") == 1
+
+
+def test_an_init_run_that_cannot_be_loaded_leaves_no_run_directory(
+    float32_run, tmp_path, monkeypatch, capsys
+):
+    """The --init-from checkpoint is read (and checked against the new config) before the new
+    run writes anything: a refused start leaves nothing that the next try would take for a
+    run ("already holds a run")."""
+    init, _ = float32_run
+
+    def refused(init_dir, *args):
+        raise ValueError(f"--init-from {init_dir}: config differs from the run's")
+
+    monkeypatch.setattr("flax_transformer.runs.load.init_params_from", refused)
+    workdir = tmp_path / "ft"
+    code, _, err = run_main(capsys, "--init-from", init, "--steps", "2", "--workdir", workdir)
+    assert code == 2
+    assert (
+        err.strip().splitlines()[-1] == f"error: --init-from {init}: config differs from the run's"
+    )
+    assert not workdir.exists()

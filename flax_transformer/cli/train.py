@@ -49,9 +49,7 @@ from flax_transformer.runs.spec import (  # noqa: F401  (train.X names of the ol
     UsageError,
 )
 from flax_transformer.runs.train import (  # noqa: F401  (train.X names of the old train.py)
-    load_pairs,
     make_config,
-    make_tokenizer,
     split_off_validation,
     train,
 )

@@ -95,6 +95,17 @@ def held_out(pairs: list[Pair], train: list[Pair]) -> list[Pair]:
     return kept
 
 
+def task_pairs(
+    task: str, train_size: int, valid_size: int, seed: int, min_len: int, max_len: int
+) -> tuple[list[Pair], list[Pair]]:
+    """(training pairs, validation pairs) of a built-in task: the validation pairs from another
+    seed, without a source seen in training (a true held-out set)."""
+    train = generate_task(task, train_size, seed, min_len, max_len)
+    valid = held_out(generate_task(task, valid_size, seed + 1_000_003, min_len, max_len), train)
+    warn_if_validation_is_training(train, valid)
+    return train, valid
+
+
 def read_lines(path: str | Path, what: str) -> list[str]:
     """Lines of a UTF-8 file (a leading BOM dropped), with errors that name the file and line."""
     path = Path(path)

@@ -78,6 +78,21 @@ def check_budget_fits(batch_tokens: int, shapes, vocab_size: int, available: int
     )
 
 
+def check_batch_tokens(batch_tokens: int, bounds, multiple: int, grad_accum: int, vocab_size: int):
+    """A --batch-tokens budget must hold a batch of the longest bucket (the last of `bounds`),
+    in rows that split into the `grad_accum` micro-batches and the data-parallel devices
+    (`multiple` rows in all): a BatchTokensError (exit 2) before anything is written. Prints
+    the batch shapes."""
+    shapes = batch_shapes(batch_tokens, bounds, multiple)
+    # A micro-batch (--grad-accum) is what one step holds at a time.
+    micro = [(rows // grad_accum, length) for rows, length in shapes]
+    check_budget_fits(batch_tokens, micro, vocab_size, available_memory())
+    print(
+        f"--batch-tokens {batch_tokens}: {len(shapes)} batch shapes (rows x length) "
+        + ", ".join(f"{rows}x{length}" for rows, length in shapes)
+    )
+
+
 def plan_token_batches(lengths: np.ndarray, batch_tokens: int, bounds, rng=None, multiple=1):
     """[(bucket_len, rows, example indices)] covering every example once; `lengths` (examples,)
     as Dataset.lengths(), `bounds` the bucket lengths (data.bucket_boundaries). A batch of

@@ -151,3 +151,14 @@ def load_tokenizer(path: str | Path) -> ByteTokenizer | BPETokenizer:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise ValueError(f"{path}: not a valid tokenizer file ({first}); damaged?") from None
     raise ValueError(f"{path}: not a tokenizer file written by this project")
+
+
+def run_tokenizer(saved: str | Path | None, kind: str, texts, bpe_vocab_size: int):
+    """A training run's tokenizer: the tokenizer file `saved` (the run's own, or its
+    --init-from run's) when given, else a new one of `kind`: a BPE of `bpe_vocab_size` trained
+    on `texts()` (a bounded sample of the corpus), or bytes."""
+    if saved is not None:
+        return load_tokenizer(saved)
+    if kind == BPETokenizer.kind:
+        return BPETokenizer.train(texts(), vocab_size=bpe_vocab_size)
+    return ByteTokenizer()

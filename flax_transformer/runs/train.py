@@ -11,7 +11,6 @@ import time
 import warnings
 from pathlib import Path
 
-from flax_transformer.data import pipeline as data_checks
 from flax_transformer.data.corpus import CHAT
 from flax_transformer.runs import run_dir
 from flax_transformer.runs.checks import (
@@ -130,21 +129,6 @@ def training_input(spec: TrainSpec, workdir: Path, kind: str):
     return None if source is None else corpus_input(spec, source, kind)
 
 
-def load_pairs(spec, data):
-    """(model kind, train pairs, valid pairs) of a built-in task (`data`: DataOptions); the
-    corpus files go through runs/train_data.py's CorpusInput and the token cache."""
-    from flax_transformer.data.pipeline import generate_task, held_out
-    from flax_transformer.spec.kinds import SEQ2SEQ
-
-    lengths = (data.task_min_len, data.task_max_len)
-    train = generate_task(data.task, data.task_train_size, spec.seed, *lengths)
-    # A different seed, and nothing seen in training: a true held-out set.
-    valid = held_out(
-        generate_task(data.task, data.task_valid_size, spec.seed + 1_000_003, *lengths), train
-    )
-    return SEQ2SEQ, train, valid
-
-
 def split_off_validation(pairs, seed, fraction=0.05):
     """Hold out a seeded random `fraction` of `pairs` (at least one) for validation; return (train,
     valid). UsageError if there are fewer than 2 pairs."""
@@ -162,21 +146,6 @@ def split_off_validation(pairs, seed, fraction=0.05):
     valid = [p for i, p in enumerate(pairs) if i in chosen]
     print(f"held out {len(valid)} of {len(pairs)} examples for validation")
     return train, valid
-
-
-def make_tokenizer(spec, data, workdir: Path, texts):
-    """The run's tokenizer: the workdir's on --resume (and on processes other than 0), the
-    --init-from run's, a BPE trained on `texts()` (a bounded sample of the corpus), or bytes."""
-    from flax_transformer.data.tokenizer import BPETokenizer, ByteTokenizer
-    from flax_transformer.training.distributed import is_primary
-
-    # The run's own (--resume; process 0's, for the others), else the init run's, whatever its kind.
-    saved_in = workdir if spec.resume or not is_primary() else spec.init_from
-    if saved_in:
-        return run_dir.read_tokenizer(Path(saved_in))
-    if data.tokenizer == "bpe":
-        return BPETokenizer.train(texts(), vocab_size=data.bpe_vocab_size)
-    return ByteTokenizer()
 
 
 def make_config(spec, tokenizer, workdir: Path, changes=None):
@@ -210,33 +179,6 @@ def make_config(spec, tokenizer, workdir: Path, changes=None):
     return config
 
 
-def check_token_budget(options, config, max_len: int) -> None:
-    """--batch-tokens must hold a batch of the longest bucket (max_len), in rows that split
-    into the micro-batches and data-parallel devices: a BatchTokensError (exit 2) before
-    anything is written."""
-    if options.batch_tokens is None:
-        return
-    from flax_transformer.data.pipeline import bucket_boundaries
-    from flax_transformer.data.token_batches import (
-        available_memory,
-        batch_shapes,
-        check_budget_fits,
-    )
-    from flax_transformer.training.sharding import parse_mesh
-
-    data = parse_mesh(options.mesh).get("data", 1) if options.mesh else 1
-    shapes = batch_shapes(
-        options.batch_tokens, bucket_boundaries(max_len), options.grad_accum * data
-    )
-    # A micro-batch (--grad-accum) is what one step holds at a time.
-    micro = [(rows // options.grad_accum, length) for rows, length in shapes]
-    check_budget_fits(options.batch_tokens, micro, config.tgt_vocab_size, available_memory())
-    print(
-        f"--batch-tokens {options.batch_tokens}: {len(shapes)} batch shapes (rows x length) "
-        + ", ".join(f"{rows}x{length}" for rows, length in shapes)
-    )
-
-
 @contextlib.contextmanager
 def float64_if(wanted: bool):
     """jax_enable_x64 on for a float64 run (before its first array), back as it was after, so
@@ -254,10 +196,11 @@ def float64_if(wanted: bool):
         jax.config.update("jax_enable_x64", before)
 
 
-def join_processes(options, spec: TrainSpec) -> None:
+def join_processes(options, spec: TrainSpec):
     """Joins a multi-process run (flags or a detected cluster job) before any other JAX call;
     such a run needs --mesh, over which the batch is split. --mesh must fit the devices of all
-    the processes (checked here, once they are known)."""
+    the processes (checked here, once they are known). Returns the mesh (None without
+    --mesh)."""
     from flax_transformer.training.distributed import (
         DistributedError,
         check_mesh_spans_processes,
@@ -272,8 +215,10 @@ def join_processes(options, spec: TrainSpec) -> None:
                 f"this is {whoami()}: multi-process training needs --mesh spanning every "
                 "process's devices (e.g. --mesh data=N for N devices in all)"
             )
-        if spec.mesh:
-            check_mesh_spans_processes(make_mesh(spec.mesh))
+        mesh = make_mesh(spec.mesh) if spec.mesh else None
+        if mesh is not None:
+            check_mesh_spans_processes(mesh)
+        return mesh
     except DistributedError as err:
         raise UsageError(str(err)) from None
     except MeshError as err:
@@ -287,30 +232,51 @@ def _train_on(spec, distributed, data, options, hooks, started, workdir, lock, r
     results (None on a process other than 0). UsageError for data that does not fit the flags
     or the --init-from run, or a workdir in use by another run (process 0 holds the workdir's
     lock from its first write to the end)."""
-    from flax_transformer.data.pipeline import check_dataset_ids, encode_documents, encode_pairs
+    from flax_transformer.data.pipeline import (
+        bucket_boundaries,
+        check_dataset_ids,
+        encode_documents,
+        encode_pairs,
+        task_pairs,
+    )
+    from flax_transformer.data.token_batches import check_batch_tokens
+    from flax_transformer.data.tokenizer import run_tokenizer
     from flax_transformer.runs.load import init_params_from
-    from flax_transformer.spec.kinds import LM
+    from flax_transformer.spec.kinds import LM, SEQ2SEQ
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
     restart, saved, changed, init_run = run
-    join_processes(distributed, spec)  # every check has passed: now the processes meet
+    mesh = join_processes(distributed, spec)  # every check has passed: the processes meet
     barrier("workdir checked")  # by every process, before process 0 writes into it
-    # Read and check all input before writing anything into the workdir.
-    if corpus is None:
-        kind, train_pairs, valid_pairs = load_pairs(spec, data)
-        data_checks.warn_if_validation_is_training(train_pairs, valid_pairs)
+    # Read and check all input before writing anything into the workdir: the data (data/),
+    # then the tokenizer, the model config from its vocabulary, and the data encoded with it.
+    if corpus is None:  # a built-in task, in memory
+        kind = SEQ2SEQ
+        lengths = (data.task_min_len, data.task_max_len)
+        sizes = (data.task_train_size, data.task_valid_size)
+        train_pairs, valid_pairs = task_pairs(data.task, *sizes, spec.seed, *lengths)
     else:  # a corpus file: a streaming pass (none on --resume or on processes other than 0)
         kind = corpus.kind
         corpus.read(scan=not spec.resume and is_primary())
     if not (spec.resume or is_primary()):
         barrier("run files written")  # the other processes use process 0's tokenizer
-    tokenizer = make_tokenizer(spec, data, workdir, corpus.bpe_texts if corpus else None)
+    # The run's own tokenizer (--resume; process 0's, for the others), else the init run's
+    # (whatever its kind), else a new one.
+    saved_in = workdir if spec.resume or not is_primary() else spec.init_from
+    tokenizer_file = Path(saved_in) / run_dir.TOKENIZER if saved_in else None
+    texts = corpus.bpe_texts if corpus else None
+    tokenizer = run_tokenizer(tokenizer_file, data.tokenizer, texts, data.bpe_vocab_size)
     classify = spec.task == "classify"
-    config = make_config(spec, tokenizer, workdir, corpus.config_changes() if classify else None)
+    config = make_config(spec, tokenizer, workdir, corpus.head_fields if classify else None)
     seq_len = train_len(spec, config)
     max_len = seq_len or config.max_len  # the longest training sequence
-    check_token_budget(options, config, max_len)
+    if options.batch_tokens is not None:  # rows that split over the micro-batches and devices
+        multiple = options.grad_accum * (mesh.shape.get("data", 1) if mesh is not None else 1)
+        bounds = bucket_boundaries(max_len)
+        check_batch_tokens(
+            options.batch_tokens, bounds, multiple, options.grad_accum, config.tgt_vocab_size
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if corpus is not None:
@@ -331,6 +297,14 @@ def _train_on(spec, distributed, data, options, hooks, started, workdir, lock, r
             dataset.check_ids(vocab)
         else:
             check_dataset_ids(dataset, vocab)
+    # The --init-from run's parameters are input too: a checkpoint that does not fit (or cannot
+    # be read) is refused before the new run writes anything that a second try would trip on.
+    resume = spec.resume and not restart
+    labels = corpus.labels if classify else None
+    init_params = None
+    if spec.init_from and not resume:  # (a classifier's new layers start afresh)
+        fresh = labels.fresh_params if labels else None
+        init_params = init_params_from(spec.init_from, config, kind, fresh, options.seed)
     # The first write: every input has been read and checked. The lock is taken here (a second
     # run on the workdir stops here, having written nothing; a refused command never touches
     # it), and a new run checks again that no run finished in the workdir meanwhile.
@@ -377,12 +351,6 @@ def _train_on(spec, distributed, data, options, hooks, started, workdir, lock, r
         f"validation examples, {tokenizer.kind} tokenizer (vocab {tokenizer.vocab_size}), "
         f"workdir {workdir}"
     )
-    resume = spec.resume and not restart
-    labels = corpus.labels if classify else None
-    init_params = None
-    if spec.init_from and not resume:  # (a classifier's new layers start afresh)
-        fresh = labels.fresh_params if labels else None
-        init_params = init_params_from(spec.init_from, config, kind, fresh, options.seed)
     job = Job(workdir, config, kind, tokenizer, train_set, valid_set, options,
               resume=resume, restarted=restart, labels=labels,
               init_params=init_params, seq_len=seq_len)  # fmt: skip

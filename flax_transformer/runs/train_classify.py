@@ -32,6 +32,7 @@ class ClassifyInput:
         self.valid_pairs: list | None = None
         self.labels: classification.LabelChoice | None = None
         self.hf_config: dict | None = None
+        self.head_fields: dict | None = None  # the classifier's TransformerConfig head fields
 
     def read(self, scan: bool) -> None:
         """Read the labelled files (into memory; read, like every input, here and not when the
@@ -86,6 +87,7 @@ class ClassifyInput:
             what = "training file's"
         classification.check_labels(self.valid_pairs, self.labels.names, what)
         classification.check_labels(self.train_pairs, self.labels.names, what)
+        self.head_fields = self._head_fields(self.hf_config)
 
     @staticmethod
     def _read_hf_config(directory: Path) -> dict:
@@ -106,12 +108,14 @@ class ClassifyInput:
         """The --init-from run's model ends in a sequence classifier (its id2label counts)."""
         return run_dir.read_config(init).head.startswith("sequence")
 
-    def config_changes(self) -> dict:
-        """The TransformerConfig head fields of the classifier (the rest is the init run's)."""
+    @staticmethod
+    def _head_fields(hf_config: dict) -> dict:
+        """The TransformerConfig head fields of the classifier `hf_config` describes (the rest
+        of the model's config is the init run's)."""
         from flax_transformer.hf.config import hf_to_config
         from flax_transformer.runs.load import HEAD_FIELDS
 
-        config, _ = hf_to_config(self.hf_config, where=str(run_dir.HF_CONFIG))
+        config, _ = hf_to_config(hf_config, where=str(run_dir.HF_CONFIG))
         return {field: getattr(config, field) for field in HEAD_FIELDS}
 
     def bpe_texts(self):

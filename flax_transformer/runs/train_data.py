@@ -1,7 +1,7 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text): checked in a
 streaming pass, tokenized once into the run directory's token cache (data/token_cache.py)
 and read from it lazily; --resume reuses the cache. The built-in tasks stay in memory
-(runs/train.py's load_pairs), and so does a --train-jsonl of conversations (runs/train_chat.py).
+(data/pipeline.task_pairs), and so does a --train-jsonl of conversations (runs/train_chat.py).
 """
 
 from __future__ import annotations
