@@ -54,6 +54,18 @@ def load_run(
     read (Checkpointer.lazy_params: a writer holds one at a time; hf export).
     """
     workdir = Path(workdir)
+    config, kind = run_model(workdir)
+    tokenizer = run_dir.read_tokenizer(workdir)
+    params, step, chosen = restore_checkpoint(workdir, checkpoint, config, kind, lazy=lazy)
+    if not lazy:
+        params = jax.tree.map(np.asarray, params)
+    return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
+
+
+def run_model(workdir: Path) -> tuple[TransformerConfig, str]:
+    """(config, model kind) of the run in `workdir`, before any checkpoint is read: a
+    ValueError when a run file is missing or unreadable, or for a float64 run while JAX's
+    64-bit mode is off."""
     for name in (run_dir.CONFIG, run_dir.RUN_JSON, run_dir.TOKENIZER):
         if not (workdir / name).exists():
             raise ValueError(f"{workdir} is not a train.py workdir: {name} is missing")
@@ -68,12 +80,7 @@ def load_run(
     if run is None:
         raise ValueError(f"{workdir / run_dir.RUN_JSON}: not readable JSON (cut short?)")
     kind = run.get("model", SEQ2SEQ)
-    kind = OLD_NAMES.get(kind, kind)  # a run written before the kind was renamed
-    tokenizer = run_dir.read_tokenizer(workdir)
-    params, step, chosen = restore_checkpoint(workdir, checkpoint, config, kind, lazy=lazy)
-    if not lazy:
-        params = jax.tree.map(np.asarray, params)
-    return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
+    return config, OLD_NAMES.get(kind, kind)  # (a run written before the kind was renamed)
 
 
 class RunLoadError(ValueError):
@@ -137,15 +144,19 @@ def init_params_from(
     start afresh, e.g. ("head/classifier",); the config may then differ from the run's in
     its head (HEAD_FIELDS). Parameters the run lacks or holds in another shape, and those
     under `fresh`, come from a new initialisation with `seed`; the run's parameters the new
-    model has no place for (a masked-LM head) are left out. Both are said in one line."""
-    run = load_run(init_dir)
-    if run.model_kind != kind:
-        raise ValueError(f"--init-from {init_dir}: a {run.model_kind} model, not a {kind} one")
+    model has no place for (a masked-LM head) are left out. Both are said in one line. The
+    run's config and kind are checked before its checkpoint is read; its tokenizer is not
+    loaded (the new run reads it itself)."""
+    init_dir = Path(init_dir)
+    saved, saved_kind = run_model(init_dir)
+    if saved_kind != kind:
+        raise ValueError(f"--init-from {init_dir}: a {saved_kind} model, not a {kind} one")
     runtime = ("dropout_rate", "attention_impl", "remat", "dtype", "param_dtype")
-    diff = config_diff(run.config, config, ignore=runtime + (HEAD_FIELDS if fresh else ()))
+    diff = config_diff(saved, config, ignore=runtime + (HEAD_FIELDS if fresh else ()))
     if diff:
         raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
-    return start_params(run.params["params"], config, kind, fresh, seed)
+    params, _, _ = restore_checkpoint(init_dir, None, saved, saved_kind)
+    return start_params(jax.tree.map(np.asarray, params), config, kind, fresh, seed)
 
 
 # The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a
