@@ -214,14 +214,14 @@ def test_chat_fine_tune_learns_the_replies_only_and_exports_exactly(imported, fa
 
 
 def test_a_chat_jsonl_is_read_as_conversations_weighed_on_the_replies(imported, tmp_path):
-    """The training command's input for a {"messages"} --train-jsonl (runs/train_chat.py): the
-    template's ids, tgt_weights = transformers' assistant mask; a {"text"} file stays a
-    token-cache corpus."""
+    """The training command's input for a {"messages"} --train-jsonl (data/corpus_input.py's
+    ChatInput): the template's ids, tgt_weights = transformers' assistant mask; a {"text"} file
+    stays a token-cache corpus."""
+    from flax_transformer.data.corpus_input import ChatInput, CorpusInput
     from flax_transformer.runs.checks import data_kind
     from flax_transformer.runs.run_dir import read_tokenizer
     from flax_transformer.runs.spec import TrainSpec
-    from flax_transformer.runs.train_chat import ChatInput
-    from flax_transformer.runs.train_data import CorpusInput, corpus_input, corpus_source
+    from flax_transformer.runs.train_data import corpus_input, corpus_source
 
     run, tokenizer = imported["llama"]
     chats = write_lines(tmp_path / "chat.jsonl", [json.dumps({"messages": c}) for c in CHATS])

@@ -110,7 +110,7 @@ def check_classify_spec(spec: TrainSpec) -> None:
 
 def check_chat_spec(spec: TrainSpec, chat: bool) -> None:
     """A --train-jsonl of conversations (`chat`) fine-tunes an --init-from LLM (its tokenizer's
-    chat template renders them; runs/train_chat.py), validated on conversations."""
+    chat template renders them; data/corpus_input.ChatInput), validated on conversations."""
     if not chat:
         return
     if not spec.init_from:

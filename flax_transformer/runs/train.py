@@ -78,8 +78,8 @@ def _train_spec(spec: TrainSpec, workdir: Path, hooks: tuple, warmup_warning: bo
                 continue
             print(f"warning: {warning.message}", file=sys.stderr)
         run = read_run_dirs(spec, workdir, kind)
-        corpus = training_input(spec, workdir, kind)  # None: a built-in task, in memory
         lock = WorkdirLock(workdir)  # (taken by process 0 at its first write: make_workdir)
+        corpus = training_input(spec, workdir, kind)  # None: a built-in task, in memory
         try:
             return _train_on(spec, distributed, data, options, hooks, started, workdir, lock,
                              run, corpus)  # fmt: skip
@@ -119,8 +119,8 @@ def read_run_dirs(spec: TrainSpec, workdir: Path, kind: str) -> tuple:
 
 def training_input(spec: TrainSpec, workdir: Path, kind: str):
     """The corpus input of the spec's files (nothing read yet): a ClassifyInput for --task
-    classify (runs/train_classify.py), a ChatInput for a JSONL of conversations
-    (runs/train_chat.py), else a CorpusInput; None for a built-in task (in memory)."""
+    classify (runs/train_classify.py), a ChatInput for a JSONL of conversations, else a
+    CorpusInput (data/corpus_input.py); None for a built-in task (in memory)."""
     if spec.task == "classify":  # --train-tsv of labelled texts
         from flax_transformer.runs.train_classify import ClassifyInput
 
