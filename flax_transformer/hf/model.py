@@ -23,6 +23,7 @@ from flax_transformer.hf.length_buckets import bucket_length, pad_columns
 from flax_transformer.hf.shards import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
 from flax_transformer.hf.tokenizer import load_pretrained_tokenizer
 from flax_transformer.hf.weights import hf_state_to_params, params_to_lazy_hf_state
+from flax_transformer.hf.xla_cpu import encoder_compiler_options
 from flax_transformer.nn.attention import make_causal_mask
 from flax_transformer.nn.int8_products import (
     int8_products_model,
@@ -75,7 +76,11 @@ class HFModel:
 
     @functools.cached_property
     def _apply(self):
-        return jax.jit(self.module.apply)
+        if self.kind != ENCODER:
+            return jax.jit(self.module.apply)
+        cfg = self.config
+        float32 = cfg.dtype == "float32" and not is_int8_products(self.module)
+        return jax.jit(self.module.apply, compiler_options=encoder_compiler_options(float32))
 
     def forward(
         self,
