@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.nn.blocked_attention import blocked_attention, use_blocked_attention
 from flax_transformer.nn.dropout import dropout
 from flax_transformer.nn.layers import Dense, RMSNorm
 from flax_transformer.nn.rotary import rotary_tables, rotate
@@ -187,9 +186,8 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention when `inputs_kv` is None, cross-attention otherwise. The attention weights
     are sown into the `intermediates` collection as `attention_weights` (free unless that
-    collection is mutable). config.attention_impl picks the kernel (use_fused_attention; on the
-    CPU, inference calls with a key padding mask take nn.blocked_attention); the explicit path
-    runs whenever the weights are wanted or attention dropout is active.
+    collection is mutable). config.attention_impl picks the kernel (use_fused_attention); the
+    explicit path runs whenever the weights are wanted or attention dropout is active.
 
     With `decode=True` it keeps a key/value cache in the `cache` collection, heads first (the
     layout the attention products read as they are; (batch, len, heads, head_dim) made XLA
@@ -293,17 +291,6 @@ class MultiHeadAttention(nn.Module):
             if heads_first:  # the fused kernel takes (batch, len, heads, head_dim)
                 key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
             output = fused_attention(query, key, value, mask, cfg.scale_attention_logits)
-        elif (
-            plain
-            and bias is None
-            and dropout_rng is None
-            and not weights_wanted
-            and not decode
-            and use_blocked_attention(
-                cfg.attention_impl, query, key, mask, deterministic=deterministic
-            )
-        ):  # inference on the CPU: a sequence and a block of queries at a time
-            output = blocked_attention(query, key, value, mask, cfg.scale_attention_logits)
         else:
             output, weights = scaled_dot_product_attention(
                 query,
