@@ -4,6 +4,7 @@
         [--rounds 10] [--steps 3] [--preset reference] [--batch 32 --src-len 64 --tgt-len 64]
         [--max-len 256] [--layers 3 --vocab 1000]
     python -m bench.ab_step --tree system=. --tree tuned=. --system-malloc system
+    python -m bench.ab_step --tree default=. --tree flag=. --xla-flags flag=--xla_cpu_...=true
 
 One worker process per tree (its directory first on sys.path, so `flax_transformer` and
 `bench.flax_step` are that tree's) compiles the tree's own benchmark step
@@ -76,14 +77,21 @@ for line in sys.stdin:
 
 
 def start_worker(
-    tree: Path, config_path: Path, batch_path: Path, system_malloc: bool = False
+    tree: Path,
+    config_path: Path,
+    batch_path: Path,
+    system_malloc: bool = False,
+    xla_flags: str | None = None,
 ) -> subprocess.Popen:
     """system_malloc: the worker runs with glibc's default malloc (no GLIBC_TUNABLES), not the
-    tuned one this driver re-executed itself with (training/host_memory.py)."""
+    tuned one this driver re-executed itself with (training/host_memory.py). xla_flags: added
+    to the worker's XLA_FLAGS (after the driver's own)."""
     code = f"import sys; sys.path.insert(0, {str(tree)!r})\n{WORKER}"
     env = dict(os.environ)
     if system_malloc:
         env.pop("GLIBC_TUNABLES", None)
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     return subprocess.Popen(
         [sys.executable, "-c", code, str(config_path), str(batch_path)],
         cwd=tree,
@@ -108,10 +116,13 @@ def run(
     rounds: int,
     steps: int,
     system_malloc: frozenset[str] = frozenset(),
+    xla_flags: dict[str, str] | None = None,
 ) -> dict:
     """`fields`: the TransformerConfig fields to set; every tree must know them (later trees
     may have added fields: those keep their defaults). `system_malloc`: names of the trees
-    whose worker runs with glibc's default malloc."""
+    whose worker runs with glibc's default malloc. `xla_flags`: tree name -> XLA_FLAGS added
+    to that tree's worker."""
+    xla_flags = xla_flags or {}
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         config_path, batch_path = Path(tmp, "config.json"), Path(tmp, "batch.npz")
@@ -121,7 +132,11 @@ def run(
         try:
             for name, tree in trees.items():  # one compiles while the other waits
                 workers[name] = start_worker(
-                    tree, config_path, batch_path, system_malloc=name in system_malloc
+                    tree,
+                    config_path,
+                    batch_path,
+                    system_malloc=name in system_malloc,
+                    xla_flags=xla_flags.get(name),
                 )
                 ready[name] = read_reply(name, workers[name])
             times = {name: [] for name in workers}
@@ -151,6 +166,7 @@ def run(
         "loadavg_start": load_start,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "system_malloc": sorted(system_malloc),
+        "xla_flags": {name: xla_flags.get(name, "") for name in trees},
         "loadavg_end": os.getloadavg(),
         "rounds": rounds,
         "steps_per_round": steps,
@@ -185,6 +201,13 @@ def main(argv=None) -> int:
         default=[],
         help="run this tree's worker with glibc's default malloc (A/B of host_memory's tunables)",
     )
+    parser.add_argument(
+        "--xla-flags",
+        metavar="NAME=FLAGS",
+        action="append",
+        default=[],
+        help="add FLAGS to this tree's XLA_FLAGS (A/B of XLA options: --tree a=. --tree b=.)",
+    )
     args = parser.parse_args(argv)
     if len(args.tree) != 2 or any("=" not in t for t in args.tree):
         parser.error("give exactly two --tree NAME=DIR")
@@ -211,13 +234,19 @@ def main(argv=None) -> int:
             "`python -m bench.ab_step`, FLAX_TRANSFORMER_MALLOC=system, not Linux/glibc, or a "
             "JAX plugin installed), so both workers would: nothing to compare"
         )
+    if any("=" not in f for f in args.xla_flags):
+        parser.error("--xla-flags takes NAME=FLAGS")
+    xla_flags = dict(f.split("=", 1) for f in args.xla_flags)
+    if unknown := set(xla_flags) - set(trees):
+        parser.error(f"--xla-flags {', '.join(sorted(unknown))}: not a --tree name")
     try:
         overrides = {k: v for k, v in fields.items() if k != "dropout_rate"}
         cfg = bench_config(args.preset, **overrides)
         batch = make_batch(cfg, args.batch, args.src_len, args.tgt_len)
     except ValueError as err:
         parser.error(str(err))
-    result = run(trees, fields, batch, args.rounds, args.steps, frozenset(args.system_malloc))
+    malloc = frozenset(args.system_malloc)
+    result = run(trees, fields, batch, args.rounds, args.steps, malloc, xla_flags)
     a, b = trees
     for name in trees:
         stats = result["step_ms"][name]

@@ -211,3 +211,26 @@ def test_ab_step_system_malloc_worker_runs_without_the_tunables(monkeypatch, tmp
     ab_step.start_worker(tmp_path, tmp_path / "config.json", tmp_path / "batch.npz", True)
     ab_step.start_worker(tmp_path, tmp_path / "config.json", tmp_path / "batch.npz")
     assert tunables == [None, "glibc.malloc.arena_max=1"]
+
+
+def test_ab_step_xla_flags_reach_only_that_worker(monkeypatch, tmp_path):
+    """--xla-flags NAME=FLAGS: that worker's XLA_FLAGS are the driver's plus FLAGS."""
+    flags = []
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_base=1")
+    fake_popen = lambda cmd, env, **kwargs: flags.append(env.get("XLA_FLAGS"))  # noqa: E731
+    monkeypatch.setattr(ab_step.subprocess, "Popen", fake_popen)
+    paths = (tmp_path, tmp_path / "config.json", tmp_path / "batch.npz")
+    ab_step.start_worker(*paths, xla_flags="--xla_cpu_use_onednn=true")
+    ab_step.start_worker(*paths)
+    assert flags == ["--xla_cpu_base=1 --xla_cpu_use_onednn=true", "--xla_cpu_base=1"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [("c=--xla_cpu_x=1", "--xla-flags c: not a --tree name"), ("a", "takes NAME=FLAGS")],
+)
+def test_ab_step_xla_flags_refuse_a_bad_name(flag, message, capsys, monkeypatch):
+    monkeypatch.setenv("FLAX_TRANSFORMER_MALLOC_REEXECUTED", "1")
+    with pytest.raises(SystemExit):
+        ab_step.main(["--tree", "a=.", "--tree", "b=.", "--xla-flags", flag])
+    assert message in capsys.readouterr().err
