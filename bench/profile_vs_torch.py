@@ -261,6 +261,10 @@ def main(argv=None) -> int:
     load_start = os.getloadavg()
     xla = profile_flax(cfg, batch, args.steps, args.warmup)
     torch_ = profile_torch(cfg, batch, args.steps, args.warmup)
+    from bench.ct2_peer import cpu_info, describe_cpu
+
+    cpu = cpu_info()
+    print(describe_cpu(cpu))
     print(format_table(xla, torch_))
     print(f"load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}")
     if args.json:
@@ -269,6 +273,7 @@ def main(argv=None) -> int:
             "config": cfg.to_dict(),
             "batch": [args.batch, args.src_len, args.tgt_len],
             "steps": args.steps,
+            "cpu": cpu,
             "loadavg": [load_start, os.getloadavg()],
             "xla": xla,
             "torch": torch_,

@@ -174,6 +174,10 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
+    from bench.ct2_peer import cpu_info, describe_cpu
+
+    cpu = cpu_info()
+    print(describe_cpu(cpu))
     load_start = os.getloadavg()[0]
     rows = [time_pair(p, args.repeats) for p in products(args)]
     floor = step_floor(rows)
@@ -195,6 +199,7 @@ def main(argv=None) -> int:
         result = {
             "args": {k: v for k, v in vars(args).items() if k != "json"},
             "loadavg": [load_start, load_end],
+            "cpu": cpu,
             "products": rows,
             "step_products_ms": floor,
         }

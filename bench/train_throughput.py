@@ -38,6 +38,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.ct2_peer import cpu_info, describe_cpu
 from bench.setup import (
     ADAM_EPS,
     BETAS,
@@ -248,6 +249,7 @@ def run(args: argparse.Namespace) -> dict:
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "cpu": cpu_info(),  # model name, family/model, vector extensions
             "cpu_count": threads,
             "jax_backend": jax.default_backend(),
             "jax_devices": [str(d) for d in jax.devices()],
@@ -454,6 +456,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = run(args)
+    print(describe_cpu(result["machine"]["cpu"]))
     print(format_table(result))
     if "flax_mfu" in result:
         print(

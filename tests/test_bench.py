@@ -72,7 +72,12 @@ def test_quick_benchmark_with_explicit_sizes_writes_the_report(tmp_path, capsys)
     # Every variant trains the same task: first losses near log(vocab) = 3.4.
     for losses in result["losses"].values():
         assert 2.0 < losses["first"] < 6.0
-    assert "| flax |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| flax |" in printed
+    # The CPU is named beside the numbers (model name and vector extensions).
+    cpu = result["machine"]["cpu"]
+    assert cpu["model_name"] and f"CPU: {cpu['model_name']}" in printed
+    assert set(cpu["extensions"]) | set(cpu["lacks"]) >= {"avx2", "avx512f"}
 
 
 def test_defaults_are_the_reference_run_and_the_quick_run():
