@@ -101,10 +101,13 @@ def test_step_gemms_counts_every_product_of_the_step(preset, overrides, dims):
 
 def test_step_gemms_adds_each_product_times_its_count():
     rows = [
-        {"count": 2, "jax_ms": 1.5, "torch_ms": 1.0, "gflop": 0.25},
-        {"count": 3, "jax_ms": 2.0, "torch_ms": 4.0, "gflop": 1.0},
+        {"count": 2, "jax_ms": 1.5, "torch_ms": 1.0, "jax_best_ms": 1.0, "torch_best_ms": 0.5},
+        {"count": 3, "jax_ms": 2.0, "torch_ms": 4.0, "jax_best_ms": 1.5, "torch_best_ms": 3.0},
     ]
-    assert step_gemms.step_floor(rows) == {"jax": 9.0, "torch": 14.0, "gflop": 3.5}
+    for row in rows:
+        row["gflop"] = 0.5
+    assert step_gemms.step_floor(rows) == {"jax": 9.0, "torch": 14.0, "gflop": 2.5}
+    assert step_gemms.step_floor(rows, "_best") == {"jax": 6.5, "torch": 10.0, "gflop": 2.5}
 
 
 @pytest.mark.parametrize(
