@@ -2,7 +2,8 @@
 add up to per step.
 
     python -m bench.step_gemms [--d-model 256 --d-ff 1024 --heads 4 --layers 3 --vocab 1000]
-        [--batch 32 --len 64] [--repeats 9] [--json OUT.json]
+        [--batch 32 --len 64] [--repeats 9] [--threads N] [--json OUT.json]
+    taskset -c 0 python -m bench.step_gemms --threads 1 ...   # one core each: kernel quality
 
 Every product of one training step of the seq2seq model (encoder and decoder `--layers`
 each, source and target `--len` tokens, `--batch` rows) in the forms the step computes: for
@@ -13,7 +14,7 @@ shapes. Each product is timed interleaved (JAX then torch, `--repeats` times); t
 give each side's GFLOP/s and, times the product's count in a step, the time the step's
 products alone take on each side: a floor under the step that no change around the products
 can go below (also from each product's fastest repeat: on a shared machine the closest to
-its quiet speed). float32, torch on all cores.
+its quiet speed). float32, torch on all cores unless --threads.
 """
 
 from __future__ import annotations
@@ -162,11 +163,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         ("batch", 32, "sequences per step"),
         ("len", 64, "source and target tokens per sequence"),
         ("repeats", 9, "timed repeats of each product per side"),
+        ("threads", os.cpu_count() or 1, "torch threads (XLA: pin the process, e.g. taskset)"),
     ):
         parser.add_argument(f"--{name}", type=int, default=default, help=text)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    for name in ("d_model", "d_ff", "heads", "layers", "vocab", "batch", "len", "repeats"):
+    names = ("d_model", "d_ff", "heads", "layers", "vocab", "batch", "len", "repeats", "threads")
+    for name in names:
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.d_model % args.heads:
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     from bench.ct2_peer import cpu_info, describe_cpu
 
     cpu = cpu_info()
