@@ -93,14 +93,7 @@ def _torch_step(cfg, batch, device: str, compile_: bool):
 
     torch.manual_seed(0)
     model = torch_reference.Transformer(cfg.replace(attention_impl="fused")).to(device).train()
-    params = list(model.parameters())
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": setup.WEIGHT_DECAY},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(
-        groups, lr=setup.LEARNING_RATE, betas=setup.BETAS, eps=setup.ADAM_EPS
-    )
+    optimizer = setup.torch_adamw(model)
     forward = torch.compile(model) if compile_ else model
     tensors = {k: torch.from_numpy(v).long().to(device) for k, v in batch.items()}
     targets = tensors["tgt_out"]

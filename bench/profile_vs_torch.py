@@ -177,14 +177,7 @@ def profile_torch(cfg, batch: dict, steps: int, warmup: int) -> dict:
 
     torch.manual_seed(0)
     model = torch_reference.Transformer(cfg).train()
-    params = list(model.parameters())
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": setup.WEIGHT_DECAY},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(
-        groups, lr=setup.LEARNING_RATE, betas=setup.BETAS, eps=setup.ADAM_EPS
-    )
+    optimizer = setup.torch_adamw(model)
     src, tgt_in, tgt_out = (torch.from_numpy(batch[k]).long() for k in ("src", "tgt_in", "tgt_out"))
 
     def step():  # bench.train_throughput.torch_variant's step, its phases named

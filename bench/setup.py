@@ -24,6 +24,19 @@ REFERENCE_BATCH = (32, 64, 64)
 QUICK_BATCH = (2, 8, 8)
 
 
+def torch_adamw(model):
+    """The benchmark's AdamW for a torch model, as the Flax optimiser (training.optim.decay_mask):
+    weight decay on matrices only. Imports torch when called (this module imports neither)."""
+    import torch
+
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=BETAS, eps=ADAM_EPS)
+
+
 def bench_config(
     name: str = "reference", dtype: str = "float32", dropout: float = DROPOUT, **overrides
 ) -> TransformerConfig:

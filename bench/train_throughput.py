@@ -52,6 +52,7 @@ from bench.setup import (
     bench_config,
     make_batch,
     model_flops_per_step,
+    torch_adamw,
 )
 from flax_transformer.spec.config import TransformerConfig
 from flax_transformer.spec.presets import PRESETS
@@ -166,13 +167,7 @@ def torch_variant(name: str, model, batch: dict, forward) -> Variant:
     import torch
     import torch.nn.functional as F
 
-    # As the Flax optimiser (training.optim.decay_mask): weight decay on matrices only.
-    params = list(model.parameters())
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=BETAS, eps=ADAM_EPS)
+    optimizer = torch_adamw(model)
     tensors = {k: torch.from_numpy(v).long() for k, v in batch.items()}
     pad_id = 0
     model.train()
