@@ -19,6 +19,7 @@ from safetensors.numpy import load_file
 
 from flax_transformer import hf
 from flax_transformer.hf.length_buckets import bucket_length, pad_columns
+from flax_transformer.hf.xla_cpu import encoder_compiler_options
 from flax_transformer.spec.numerics import assert_close
 
 from . import hf_models
@@ -216,12 +217,15 @@ def test_encoder_fn_is_jittable_and_runs_in_bfloat16(models):
     ids, mask, _ = inputs()
     encode = model.encoder_fn()
     hidden = jax.jit(encode)(ids, mask)
-    # forward pads to the length bucket (hf.length_buckets): bit for bit encoder_fn there,
-    # and at the batch's own length the same up to float32 rounding (the real tokens)
+    # forward pads to the length bucket (hf.length_buckets) and compiles a float32 encoder
+    # with hf.xla_cpu's options: bit for bit encoder_fn jitted with the same options (the
+    # recipe docs/hf.md gives), and a plain jit at the batch's own length the same up to
+    # float32 rounding (the real tokens)
     out = model.forward(ids, mask)
     bucket = bucket_length(ids.shape[1], model.config.max_len)
     padded = pad_columns(ids, bucket, model.config.pad_id), pad_columns(mask, bucket, 0)
-    np.testing.assert_array_equal(np.asarray(jax.jit(encode)(*padded))[:, : ids.shape[1]], out)
+    own_jit = jax.jit(encode, compiler_options=encoder_compiler_options(float32=True))
+    np.testing.assert_array_equal(np.asarray(own_jit(*padded))[:, : ids.shape[1]], out)
     real = mask == 1
     assert_close(out[real], np.asarray(hidden)[real], rtol=1e-5, what="forward")
     # Inside a model of one's own: params passed in, gradients through the encoder.
