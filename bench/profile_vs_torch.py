@@ -169,39 +169,15 @@ def _phase(event) -> str | None:
 
 def profile_torch(cfg, batch: dict, steps: int, warmup: int) -> dict:
     import torch
-    import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile, record_function
 
     import torch_reference
-    from bench import setup
+    from bench.train_throughput import torch_variant
 
     torch.manual_seed(0)
-    model = torch_reference.Transformer(cfg).train()
-    optimizer = setup.torch_adamw(model)
-    src, tgt_in, tgt_out = (torch.from_numpy(batch[k]).long() for k in ("src", "tgt_in", "tgt_out"))
-
-    def step():  # bench.train_throughput.torch_variant's step, its phases named
-        optimizer.zero_grad(set_to_none=True)
-        with record_function("forward"):
-            logits = model(src, tgt_in)
-        with record_function("loss"):
-            loss = (
-                F.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(),
-                    tgt_out.reshape(-1),
-                    ignore_index=cfg.pad_id,
-                    label_smoothing=setup.LABEL_SMOOTHING,
-                    reduction="sum",
-                )
-                / (tgt_out != cfg.pad_id).sum()
-            )
-        with record_function("backward"):
-            loss.backward()
-        with record_function("clip"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), setup.CLIP_NORM)
-        with record_function("optimizer"):
-            optimizer.step()
-        return loss.item()
+    model = torch_reference.Transformer(cfg)
+    # bench.train_throughput's torch step, each phase a profiler range
+    step = torch_variant("torch_eager", model, batch, lambda m, s, t: m(s, t), record_function).step
 
     for _ in range(warmup):
         step()

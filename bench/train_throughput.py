@@ -163,7 +163,13 @@ def flax_variant(name: str, cfg: TransformerConfig, batch: dict) -> Variant:
     return Variant(name, step, extra)
 
 
-def torch_variant(name: str, model, batch: dict, forward) -> Variant:
+def _no_phase(name: str):
+    return contextlib.nullcontext()
+
+
+def torch_variant(name: str, model, batch: dict, forward, phase=_no_phase) -> Variant:
+    """A torch training step (forward, loss, backward, clip, AdamW); `phase(name)` wraps each
+    of the five (bench.profile_vs_torch passes torch.profiler.record_function)."""
     import torch
     import torch.nn.functional as F
 
@@ -174,19 +180,24 @@ def torch_variant(name: str, model, batch: dict, forward) -> Variant:
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        logits = forward(model, tensors["src"], tensors["tgt_in"])
+        with phase("forward"):
+            logits = forward(model, tensors["src"], tensors["tgt_in"])
         targets = tensors["tgt_out"]
-        loss_sum = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(),
-            targets.reshape(-1),
-            ignore_index=pad_id,
-            label_smoothing=LABEL_SMOOTHING,
-            reduction="sum",
-        )
-        loss = loss_sum / (targets != pad_id).sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        optimizer.step()
+        with phase("loss"):
+            loss_sum = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(),
+                targets.reshape(-1),
+                ignore_index=pad_id,
+                label_smoothing=LABEL_SMOOTHING,
+                reduction="sum",
+            )
+            loss = loss_sum / (targets != pad_id).sum()
+        with phase("backward"):
+            loss.backward()
+        with phase("clip"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+        with phase("optimizer"):
+            optimizer.step()
         return loss.item()
 
     return Variant(name, step)

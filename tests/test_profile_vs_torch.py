@@ -121,3 +121,15 @@ def test_step_gemms_refuses_bad_sizes(argv, message, capsys):
     with pytest.raises(SystemExit):
         step_gemms.main(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torch_profile_names_the_phases_of_the_shared_step():
+    """profile_torch times bench.train_throughput's torch step with each phase a profiler
+    range: the optimizer's and the backward's ops land in their categories (they come from
+    the phases; without the ranges both would be empty)."""
+    cfg = setup.bench_config("small", src_vocab_size=64, tgt_vocab_size=64)
+    batch = setup.make_batch(cfg, *setup.QUICK_BATCH)
+    result = pvt.profile_torch(cfg, batch, steps=1, warmup=1)
+    assert result["ms"]["optimizer"] > 0
+    assert result["ms"]["dense GEMMs bwd"] > 0
