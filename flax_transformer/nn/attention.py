@@ -107,15 +107,30 @@ def scaled_dot_product_attention(
     The softmax runs in at least float32 even when the inputs are bfloat16.
     """
     batch, q_len, heads, head_dim = query.shape
+    # Inference runs the products heads first, (batch, heads, len, head_dim): with the batch
+    # dimensions leading XLA:CPU's batched products read contiguous rows (the encoder's forward
+    # 0.85-0.9x the time at 8 x 512; docs/benchmarks/encoder.md). Training keeps the
+    # (batch, len, heads) einsums, whose step measured no slower (bench.ab_step).
+    heads_first_products = deterministic
+    if heads_first_products:
+        query = jnp.swapaxes(query, 1, 2)  # (batch, heads, q_len, head_dim)
+        if not heads_first:
+            key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
+            heads_first = True
+    q = "bhqd" if heads_first_products else "bqhd"
     kv = "bhkd" if heads_first else "bkhd"
     kv_heads = key.shape[1 if heads_first else 2]
     group = heads // kv_heads  # query heads per key / value head (grouped-query attention)
     if group > 1:  # head h reads key / value head h // group (transformers' repeat_kv)
-        grouped = query.reshape(batch, q_len, kv_heads, group, head_dim)
-        scores = jnp.einsum(f"bqhgd,{kv}->bhgqk", grouped, key)
+        grouped_q = q.replace("h", "hg")
+        if heads_first_products:
+            grouped = query.reshape(batch, kv_heads, group, q_len, head_dim)
+        else:
+            grouped = query.reshape(batch, q_len, kv_heads, group, head_dim)
+        scores = jnp.einsum(f"{grouped_q},{kv}->bhgqk", grouped, key)
         scores = scores.reshape(batch, heads, q_len, scores.shape[-1])
     else:
-        scores = jnp.einsum(f"bqhd,{kv}->bhqk", query, key)
+        scores = jnp.einsum(f"{q},{kv}->bhqk", query, key)
     if scale and scale_dim is not None:  # transformers multiplies by scalar ** -0.5
         scores = scores * np.asarray(scale_dim**-0.5, query.dtype)
     elif scale:
@@ -143,10 +158,12 @@ def scaled_dot_product_attention(
         attended = dropout(weights, dropout_rate, dropout_rng)
     if group > 1:
         attended = attended.reshape(batch, kv_heads, group, q_len, attended.shape[-1])
-        output = jnp.einsum(f"bhgqk,{kv}->bqhgd", attended, value)
-        return output.reshape(batch, q_len, heads, head_dim), weights
-    output = jnp.einsum(f"bhqk,{kv}->bqhd", attended, value)
-    return output, weights
+        output = jnp.einsum(f"bhgqk,{kv}->{grouped_q}", attended, value)
+    else:
+        output = jnp.einsum(f"bhqk,{kv}->{q}", attended, value)
+    if heads_first_products:
+        output = jnp.swapaxes(output.reshape(batch, heads, q_len, head_dim), 1, 2)
+    return output.reshape(batch, q_len, heads, head_dim), weights
 
 
 def use_fused_attention(impl: str, mask: jax.Array | None) -> bool:
