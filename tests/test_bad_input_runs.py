@@ -188,6 +188,18 @@ def test_generate_names_a_damaged_checkpoint(run_dir, tmp_path, capsys):
     assert "Zstd" not in err and "Traceback" not in err
 
 
+def test_a_damaged_checkpoint_names_the_other_steps(run_dir, tmp_path):
+    """load_run of a damaged step names the run's other checkpoints, to pick with --checkpoint;
+    an undamaged one loads as before."""
+    workdir = tmp_path / "run"
+    shutil.copytree(run_dir, workdir)
+    shutil.copytree(workdir / "checkpoints" / "0", workdir / "checkpoints" / "5")
+    damage_files(workdir / "checkpoints" / "0", "delete")
+    with pytest.raises(CheckpointReadError, match=r"step 0 .* \(others: steps 5; --checkpoint"):
+        load_run(workdir, checkpoint=0)
+    assert load_run(workdir).step == 5
+
+
 def make_unwritable(directory) -> bool:
     """Make `directory` refuse new files: chattr +i as root (root ignores modes), else chmod."""
     if os.geteuid() == 0:

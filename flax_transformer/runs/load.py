@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.runs import run_dir
@@ -20,6 +19,7 @@ from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
 from flax_transformer.training.run_files import (  # noqa: F401  (training/run.py's names too)
     check_matches_checkpoint,
     checkpoint_steps,
+    lazy_checkpoint,
     restore_checkpoint,
 )
 from flax_transformer.training.state import start_params
@@ -56,9 +56,10 @@ def load_run(
     workdir = Path(workdir)
     config, kind = run_model(workdir)
     tokenizer = run_dir.read_tokenizer(workdir)
-    params, step, chosen = restore_checkpoint(workdir, checkpoint, config, kind, lazy=lazy)
-    if not lazy:
-        params = jax.tree.map(np.asarray, params)
+    if lazy:
+        params, step, chosen = lazy_checkpoint(workdir, checkpoint, config, kind)
+    else:
+        params, step, chosen = restore_checkpoint(workdir, checkpoint, config, kind)
     return RunArtifacts(config, kind, {"params": params}, tokenizer, step, chosen)
 
 
@@ -156,7 +157,7 @@ def init_params_from(
     if diff:
         raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
     params, _, _ = restore_checkpoint(init_dir, None, saved, saved_kind)
-    return start_params(jax.tree.map(np.asarray, params), config, kind, fresh, seed)
+    return start_params(params, config, kind, fresh, seed)
 
 
 # The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a

@@ -337,20 +337,18 @@ class Checkpointer:
                 node_args[keys[-1]] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
             # A reader per restore, closed at once: one left open (or closed by the garbage
             # collector) has its background thread write a traceback at exit.
-            reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
             try:
-                tree = reader.restore(
-                    directory,
-                    args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
-                )
+                with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+                    tree = reader.restore(
+                        directory,
+                        args=ocp.args.PyTreeRestore(item, restore_args=args, partial_restore=True),
+                    )
             except Exception as err:  # Orbax / tensorstore raise many types
                 why = damage(self.directory / str(step)) or short_error(err)
                 raise CheckpointReadError(
                     f"checkpoint step {step} in {self.directory}: parameters "
                     f"{'/'.join(group)} cannot be restored: {why}"
                 ) from None
-            finally:
-                reader.close()
             out = {}
             for keys in wanted:
                 node = tree

@@ -7,6 +7,7 @@ runs/run_dir.py's, which imports these names (the loop knows nothing of that lay
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -146,15 +147,34 @@ def checkpoint_steps(directory: Path) -> list[int]:
 
 
 def restore_checkpoint(
-    workdir: Path, checkpoint: str | int | None, config, kind: str, *, lazy: bool = False
+    workdir: Path, checkpoint: str | int | None, config, kind: str
 ) -> tuple[dict, int, str]:
-    """(params, step, which) of one checkpoint of the run in `workdir` (choose_checkpoint's
-    choice), checked against `config` first (check_matches_checkpoint); `lazy`: LazyArrays,
-    each restored when read (Checkpointer.lazy_params), else numpy arrays. A damaged
-    checkpoint's CheckpointReadError names the other steps there are."""
+    """(params as numpy arrays, step, which) of one checkpoint of the run in `workdir`
+    (open_checkpoint's choice and checks)."""
     import jax
     import numpy as np
 
+    with open_checkpoint(workdir, checkpoint, config, kind) as (reader, abstract, step, chosen):
+        params = reader.restore_params(abstract, step)
+    return jax.tree.map(np.asarray, params), step, chosen
+
+
+def lazy_checkpoint(
+    workdir: Path, checkpoint: str | int | None, config, kind: str
+) -> tuple[dict, int, str]:
+    """restore_checkpoint's params as LazyArrays, each restored when read
+    (Checkpointer.lazy_params: a writer that reads them in turn holds one group at a time)."""
+    with open_checkpoint(workdir, checkpoint, config, kind) as (reader, abstract, step, chosen):
+        params = reader.lazy_params(abstract, step)
+    return params, step, chosen
+
+
+@contextlib.contextmanager
+def open_checkpoint(workdir: Path, checkpoint: str | int | None, config, kind: str):
+    """(Checkpointer, the abstract params of `config`, step, which) of the run's checkpoint
+    that choose_checkpoint picks, checked against `config` first (check_matches_checkpoint),
+    closed on leaving. A damaged checkpoint's CheckpointReadError, here or in the block, names
+    the other steps there are."""
     from flax_transformer.nn.kinds import abstract_variables, model_for
     from flax_transformer.training.checkpoint import Checkpointer, CheckpointReadError
 
@@ -164,10 +184,7 @@ def restore_checkpoint(
     checkpointer = Checkpointer(directory, create=False)
     try:
         check_matches_checkpoint(config, abstract, checkpointer.param_shapes(step), workdir, step)
-        if lazy:
-            params = checkpointer.lazy_params(abstract, step)
-        else:
-            params = checkpointer.restore_params(abstract, step)
+        yield checkpointer, abstract, step, chosen
     except CheckpointReadError as err:
         others = sorted(set(checkpoint_steps(workdir / CHECKPOINTS)) - {step})
         hint = (
@@ -176,9 +193,6 @@ def restore_checkpoint(
         raise CheckpointReadError(f"{err}{hint}") from None
     finally:
         checkpointer.close()
-    if not lazy:
-        params = jax.tree.map(np.asarray, params)
-    return params, step, chosen
 
 
 def choose_checkpoint(workdir: Path, checkpoint: str | int | None) -> tuple[Path, int, str]:
