@@ -268,15 +268,12 @@ def test_a_chat_file_through_the_one_call(tmp_path, tokenizers):
 def test_training_inputs_read_their_files_in_read_not_when_made(tmp_path):
     """A chat or classifier input is made without touching a file (the run directories are
     read first); read() reads the files and names a missing one."""
+    from flax_transformer.data.classify_input import ClassifyInput
     from flax_transformer.data.corpus_input import ChatInput
-    from flax_transformer.runs.spec import TrainSpec
-    from flax_transformer.runs.train_classify import ClassifyInput
 
     missing = str(tmp_path / "missing.jsonl")
     chat = ChatInput(missing, None, seed=0)
-    classify = ClassifyInput(
-        TrainSpec(task="classify", train_tsv=missing, init_from=str(tmp_path)), tmp_path
-    )
+    classify = ClassifyInput(missing, None, 0, hf_config={}, init_from=tmp_path)
     for made in (chat, classify):
         with pytest.raises((DataError, FileNotFoundError), match="missing.jsonl"):
             made.read(scan=True)

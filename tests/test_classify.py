@@ -19,6 +19,7 @@ import train
 from flax_transformer.cli.classify import main as classify_main
 from flax_transformer.cli.hf import main as hf_main
 from flax_transformer.cli.score import main as score_main
+from flax_transformer.data import labelled
 from flax_transformer.data.pipeline import DataError, Pair
 from flax_transformer.training import classification
 
@@ -91,17 +92,17 @@ def test_scores_of_a_confusion_matrix():
 
 
 def test_labels_keep_the_init_models_order_only_when_it_names_them_all():
-    kept = classification.choose_labels(["pos", "neg"], {"0": "neg", "1": "neutral", "2": "pos"})
-    assert kept == classification.LabelChoice(("neg", "neutral", "pos"), kept=True)
+    kept = labelled.choose_labels(["pos", "neg"], {"0": "neg", "1": "neutral", "2": "pos"})
+    assert kept == labelled.LabelChoice(("neg", "neutral", "pos"), kept=True)
     assert kept.fresh_params == ()
-    new = classification.choose_labels(["pos", "neg", "pos"], {"0": "LABEL_0", "1": "LABEL_1"})
-    assert new == classification.LabelChoice(("neg", "pos"), kept=False)
+    new = labelled.choose_labels(["pos", "neg", "pos"], {"0": "LABEL_0", "1": "LABEL_1"})
+    assert new == labelled.LabelChoice(("neg", "pos"), kept=False)
     assert new.fresh_params == ("head/classifier",)
 
 
 def test_the_classifier_class_follows_the_family():
     known = ("BertModel", "BertForSequenceClassification", "BertForMaskedLM")
-    name = classification.classifier_architecture
+    name = labelled.classifier_architecture
     assert name(["BertModel"], "bert", known) == "BertForSequenceClassification"
     assert name(["BertForMaskedLM"], "bert", known) == "BertForSequenceClassification"
     assert name(None, "bert", known) == "BertForSequenceClassification"
@@ -116,12 +117,12 @@ def test_labelled_tsv_errors_name_the_file_and_line(tmp_path):
     path = tmp_path / "bad.tsv"
     path.write_text("a good text\tpos\n\nno label here\n")
     with pytest.raises(DataError, match=r"bad.tsv line 3: no tab; expected exactly one 'text<TAB"):
-        classification.read_labelled_tsv(path)
+        labelled.read_labelled_tsv(path)
     path.write_text("text\t \n")
     with pytest.raises(DataError, match="line 1: empty label"):
-        classification.read_labelled_tsv(path)
+        labelled.read_labelled_tsv(path)
     with pytest.raises(DataError, match=r"v.tsv:7: label 'maybe' is not one of the"):
-        classification.check_labels([Pair("x", "maybe", "v.tsv:7")], ("neg", "pos"), "run's")
+        labelled.check_labels([Pair("x", "maybe", "v.tsv:7")], ("neg", "pos"), "run's")
 
 
 # ----------------------------------------------------------------------------- bad flags
@@ -166,6 +167,27 @@ def test_a_training_file_with_one_label_is_refused_naming_it(imported, capsys):
     err = capsys.readouterr().err
     assert f"{single}: a classifier needs at least 2 labels" in err
     assert "only the label 'red'" in err
+    assert not workdir.exists()
+
+
+def test_an_init_run_without_its_hugging_face_config_is_named_before_any_data(
+    imported, tmp_path, capsys
+):
+    """The label set comes from the --init-from run's hf_config.json, read with the run
+    directories: a run without one is refused in one line before the data is read and before
+    anything is written."""
+    import shutil
+
+    root, run = imported
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    (bare / "hf_config.json").unlink()
+    workdir = tmp_path / "never"
+    argv = ["--task", "classify", "--init-from", str(bare), "--train-tsv", str(root / "no.tsv")]
+    assert train.main([*argv, "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert f"--task classify: {bare} has no hf_config.json; start from an `ftx hf import`" in err
+    assert "no.tsv" not in err and "Traceback" not in err
     assert not workdir.exists()
 
 

@@ -12,9 +12,9 @@ steps runs/train.py takes (kind, read, bpe_texts, datasets, install, discard):
   end-of-turn token included) and 0 on the rest: the fine-tune learns to answer, not to write
   the user's turns. The conversations are read into memory (fine-tuning sets are small).
 
-The built-in tasks stay in memory (pipeline.task_pairs); a classifier's labelled TSV is
-runs/train_classify.py's (its labels come from the --init-from run). Both classes take plain
-paths and values: runs/train_data.py makes them from the TrainSpec.
+The built-in tasks stay in memory (pipeline.task_pairs); a classifier's labelled TSV is a
+ClassifyInput (classify_input.py; its labels come from the --init-from run). The classes take
+plain paths and values: runs/train_data.py makes them from the TrainSpec.
 """
 
 from __future__ import annotations

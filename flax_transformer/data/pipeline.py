@@ -30,7 +30,7 @@ from flax_transformer.spec.kinds import ENCODER, LM, SEQ2SEQ
 
 TASKS = ("copy", "reverse", "sort")
 # Not a generated task: fine-tune an --init-from encoder as a classifier of --train-tsv's
-# `text<TAB>label` lines (training/classification.py).
+# `text<TAB>label` lines (labelled.py).
 CLASSIFY = "classify"
 LONG_POLICIES = ("skip", "truncate", "error")
 

@@ -14,7 +14,7 @@ import jax
 from flax_transformer.nn.kinds import model_for
 from flax_transformer.runs import run_dir
 from flax_transformer.runs.run_dir import carry_files  # noqa: F401  (an older home of it)
-from flax_transformer.spec.config import TransformerConfig, config_diff
+from flax_transformer.spec.config import HEAD_FIELDS, TransformerConfig, config_diff
 from flax_transformer.spec.kinds import OLD_NAMES, SEQ2SEQ
 from flax_transformer.training.run_files import (  # noqa: F401  (training/run.py's names too)
     check_matches_checkpoint,
@@ -158,8 +158,3 @@ def init_params_from(
         raise ValueError(f"--init-from {init_dir}: config differs from the run's: {diff}")
     params, _, _ = restore_checkpoint(init_dir, None, saved, saved_kind)
     return start_params(params, config, kind, fresh, seed)
-
-
-# The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a
-# masked LM changes them (init_params_from with `fresh`).
-HEAD_FIELDS = ("head", "pooler", "num_labels")

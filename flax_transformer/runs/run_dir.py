@@ -311,6 +311,24 @@ def write_carry_json(workdir: Path, name: str, data: dict) -> None:
     atomic_write_bytes(Path(workdir) / name, json_bytes(data))
 
 
+CARRIED_WHAT = {HF_CONFIG: "Hugging Face config", HF_GENERATION_CONFIG: "generation config"}
+
+
+def read_carried_json(workdir: Path, name: str) -> dict | None:
+    """A carried JSON file of a run (hf_config.json, hf_generation_config.json), or None when
+    the run has none; a ValueError naming the file when it is unreadable or not an object."""
+    path = Path(workdir) / name
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # (a UnicodeDecodeError is a ValueError)
+        raise ValueError(f"{path}: cannot read the {CARRIED_WHAT[name]} ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the {CARRIED_WHAT[name]} must be a JSON object")
+    return data
+
+
 @dataclasses.dataclass(frozen=True)
 class NewRun:
     """The files a run starts with, written once (never again on --resume): its config and

@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 from flax_transformer.data.corpus import CHAT
 from flax_transformer.runs import run_dir
@@ -25,6 +26,7 @@ from flax_transformer.runs.checks import (
 from flax_transformer.runs.resume import changed_settings
 from flax_transformer.runs.run_dir import read_run_json
 from flax_transformer.runs.spec import TrainSpec, UsageError, spec_record, spec_values
+from flax_transformer.runs.train_classify import classifier_run_files
 from flax_transformer.runs.train_data import corpus_input, corpus_source
 from flax_transformer.runs.workdir import WorkdirLock, has_run, make_workdir, prepare_workdir
 from flax_transformer.training.interrupts import TrainingInterrupted, exit_status
@@ -79,7 +81,7 @@ def _train_spec(spec: TrainSpec, workdir: Path, hooks: tuple, warmup_warning: bo
             print(f"warning: {warning.message}", file=sys.stderr)
         run = read_run_dirs(spec, workdir, kind)
         lock = WorkdirLock(workdir)  # (taken by process 0 at its first write: make_workdir)
-        corpus = training_input(spec, workdir, kind)  # None: a built-in task, in memory
+        corpus = training_input(spec, kind, run.classifier)  # None: a built-in task, in memory
         try:
             return _train_on(spec, distributed, data, options, hooks, started, workdir, lock,
                              run, corpus)  # fmt: skip
@@ -89,11 +91,21 @@ def _train_spec(spec: TrainSpec, workdir: Path, hooks: tuple, warmup_warning: bo
             lock.release()
 
 
-def read_run_dirs(spec: TrainSpec, workdir: Path, kind: str) -> tuple:
-    """(restart, saved run.json, changed settings, the init run's run.json): this run's
-    directory checked (writable, not a second run; a --resume without a checkpoint restarts)
-    and its run.json read on --resume; the --init-from run's run.json read once, its model
-    kind checked against the data's (`kind`: check_spec's)."""
+class RunDirs(NamedTuple):
+    """What read_run_dirs read."""
+
+    restart: bool  # a --resume without a checkpoint: the run starts over
+    saved: dict | None  # this run's run.json on --resume
+    changed: dict  # the settings that differ from the saved run's (compatible ones)
+    init_run: dict  # the --init-from run's run.json ({} without one)
+    classifier: dict | None  # --task classify: the values of the run files its labels use
+
+
+def read_run_dirs(spec: TrainSpec, workdir: Path, kind: str) -> RunDirs:
+    """This run's directory checked (writable, not a second run; a --resume without a
+    checkpoint restarts) and its run.json read on --resume; the --init-from run's run.json
+    read once, its model kind checked against the data's (`kind`: check_spec's); for --task
+    classify, the run files its label set comes from (runs/train_classify.py)."""
     from flax_transformer.spec.kinds import ENCODER, LM, OLD_NAMES
 
     restart = prepare_workdir(workdir, spec.resume)
@@ -114,19 +126,16 @@ def read_run_dirs(spec: TrainSpec, workdir: Path, kind: str) -> tuple:
                 f"--init-from {spec.init_from} holds {held}, not {wanted}: the data given "
                 "trains one"
             )
-    return restart, saved, changed, init_run
+    classifier = classifier_run_files(spec, workdir) if spec.task == "classify" else None
+    return RunDirs(restart, saved, changed, init_run, classifier)
 
 
-def training_input(spec: TrainSpec, workdir: Path, kind: str):
-    """The corpus input of the spec's files (nothing read yet): a ClassifyInput for --task
-    classify (runs/train_classify.py), a ChatInput for a JSONL of conversations, else a
-    CorpusInput (data/corpus_input.py); None for a built-in task (in memory)."""
-    if spec.task == "classify":  # --train-tsv of labelled texts
-        from flax_transformer.runs.train_classify import ClassifyInput
-
-        return ClassifyInput(spec, workdir)
+def training_input(spec: TrainSpec, kind: str, classifier: dict | None):
+    """The corpus input of the spec's files (nothing read yet; runs/train_data.py): a
+    ClassifyInput for --task classify (`classifier`: read_run_dirs'), a ChatInput for a JSONL
+    of conversations, else a CorpusInput; None for a built-in task (in memory)."""
     source = corpus_source(spec)
-    return None if source is None else corpus_input(spec, source, kind)
+    return None if source is None else corpus_input(spec, source, kind, classifier)
 
 
 def split_off_validation(pairs, seed, fraction=0.05):
@@ -246,7 +255,7 @@ def _train_on(spec, distributed, data, options, hooks, started, workdir, lock, r
     from flax_transformer.training.distributed import barrier, is_primary
     from flax_transformer.training.loop import Job, run_training
 
-    restart, saved, changed, init_run = run
+    restart, saved, changed, init_run, _ = run
     mesh = join_processes(distributed, spec)  # every check has passed: the processes meet
     barrier("workdir checked")  # by every process, before process 0 writes into it
     # Read and check all input before writing anything into the workdir: the data (data/),

@@ -1,13 +1,15 @@
 """The training command's corpus files (--train-tsv, --train-jsonl, --lm-text) as a data input
 (data/corpus_input.py): which files and formats the flags name, and the input that reads them.
-The built-in tasks stay in memory (data/pipeline.task_pairs); a classifier's labelled TSV is
-runs/train_classify.py's.
+The built-in tasks stay in memory (data/pipeline.task_pairs); a classifier's labelled TSV is a
+ClassifyInput (data/classify_input.py), its run files read by runs/train_classify.py.
 """
 
 from __future__ import annotations
 
 from flax_transformer.data import corpus
+from flax_transformer.data.classify_input import ClassifyInput
 from flax_transformer.data.corpus_input import ChatInput, CorpusInput
+from flax_transformer.data.pipeline import CLASSIFY
 from flax_transformer.runs.run_dir import TOKENIZER
 
 
@@ -24,10 +26,14 @@ def corpus_source(spec):
     return None
 
 
-def corpus_input(spec, source, kind: str):
-    """The input of a corpus source whose data is `kind` (runs/checks.data_kind): a ChatInput
-    for a --train-jsonl of {"messages"} records (CHAT), else a CorpusInput of that model kind
-    (a new BPE tokenizer trains on its sample unless the tokenizer is --init-from's)."""
+def corpus_input(spec, source, kind: str, classifier: dict | None = None):
+    """The input of a corpus source whose data is `kind` (runs/checks.data_kind): a
+    ClassifyInput for --task classify (`classifier`: the values of its run files,
+    runs/train_classify.py), a ChatInput for a --train-jsonl of {"messages"} records (CHAT),
+    else a CorpusInput of that model kind (a new BPE tokenizer trains on its sample unless the
+    tokenizer is --init-from's)."""
+    if spec.task == CLASSIFY:
+        return ClassifyInput(spec.train_tsv, spec.valid_tsv, spec.seed, **classifier)
     if kind == corpus.CHAT:
         return ChatInput(spec.train_jsonl, spec.valid_jsonl, spec.seed)
     bpe = spec.tokenizer == "bpe" and not spec.init_from

@@ -33,6 +33,9 @@ SINUSOID_LAYOUTS = ("interleaved", "halves")
 # "masked_lm" (`head.dense`, the activation, `head.norm`, then the logits tied to the token
 # embedding plus `head.bias`).
 ENCODER_HEADS = ("none", "sequence_pooled", "sequence_tanh", "sequence_relu", "token", "masked_lm")
+# The config fields of an encoder's head: a classifier fine-tuned from a bare encoder or a
+# masked LM changes them (its labels set them; --init-from takes the rest of the run's config).
+HEAD_FIELDS = ("head", "pooler", "num_labels")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 # How attention is computed; the same function either way (nn/attention.py, torch_reference).
 ATTENTION_IMPLS = ("auto", "fused", "reference")

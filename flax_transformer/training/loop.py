@@ -30,6 +30,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from flax_transformer.data.labelled import LabelChoice
 from flax_transformer.data.pipeline import BatchLoader, Dataset, bucket_boundaries, eval_batches
 from flax_transformer.data.token_batches import batch_shapes
 from flax_transformer.nn.kinds import model_for
@@ -42,7 +43,7 @@ from flax_transformer.training.checkpoint import (
     CheckpointWriteError,
     is_disk_full,
 )
-from flax_transformer.training.classification import LabelChoice, evaluate_classifier, scores_of
+from flax_transformer.training.classification import evaluate_classifier, scores_of
 from flax_transformer.training.distributed import host_copy, is_primary, local_batch_rows
 from flax_transformer.training.evaluation import (
     cross_attention_maps,
