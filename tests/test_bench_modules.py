@@ -123,6 +123,31 @@ def test_encoder_smoke_runs_the_tiny_model_against_torch(tmp_path, capsys):
     assert "ONNX Runtime left out (--no-ort)" in table
 
 
+@pytest.mark.slow
+def test_encoder_variants_time_every_variant_and_compare_it_with_forwards_program(tmp_path):
+    """bench.encoder_variants --tiny: every variant timed on every cell, each within float32
+    rounding of the parameters-as-arguments program (`forward`'s); the einsum attention is a
+    different program from the heads-first one (its outputs are not bit for bit the same)."""
+    from bench import encoder_variants
+
+    out = tmp_path / "variants.json"
+    argv = ["--tiny", "--rounds", "1", "--cell", "2x16", "--json", str(out)]
+    assert encoder_variants.main(argv) == 0
+    cell = json.loads(out.read_text())["cells"]["2x16"]
+    assert {"arguments", "constants", "einsum_attention", "eigen_one_thread"} <= set(cell)
+    for found in cell.values():
+        assert found["median_ms"] > 0 and found["max_abs_diff"] < 1e-5
+    assert cell["arguments"]["max_abs_diff"] == 0 and cell["einsum_attention"]["max_abs_diff"] > 0
+
+
+def test_encoder_variants_refuse_a_bad_cell(capsys):
+    from bench import encoder_variants
+
+    with pytest.raises(SystemExit):
+        encoder_variants.parse_args(["--cell", "16"])
+    assert "--cell takes BATCHxTOKENS" in capsys.readouterr().err
+
+
 def test_encoder_peers_say_which_package_is_missing():
     from bench import encoder_peers
 

@@ -108,9 +108,9 @@ def scaled_dot_product_attention(
     """
     batch, q_len, heads, head_dim = query.shape
     # Inference runs the products heads first, (batch, heads, len, head_dim): with the batch
-    # dimensions leading XLA:CPU's batched products read contiguous rows (the encoder's forward
-    # 0.85-0.9x the time at 8 x 512; docs/benchmarks/encoder.md). Training keeps the
-    # (batch, len, heads) einsums, whose step measured no slower (bench.ab_step).
+    # dimensions leading XLA:CPU's batched products read contiguous rows (the encoder's
+    # forward 0.81x the time at 8 x 512: bench.encoder_variants). Training keeps the
+    # (batch, len, heads) einsums (heads first measured no faster in its step: bench.ab_step).
     heads_first_products = deterministic
     if heads_first_products:
         query = jnp.swapaxes(query, 1, 2)  # (batch, heads, q_len, head_dim)
